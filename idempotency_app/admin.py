@@ -1,0 +1,305 @@
+"""Read-only admin for idempotency records, built to stay fast on a table of
+millions of rows: no full counts, exact-match search, sortable only by an
+indexed column, and an operation filter that never scans the whole table.
+
+Nothing can be added, edited or deleted here. Deleting a completed record
+inside its window would make the next retry execute the operation again
+(a second charge, say), and expired records are the sweep command's job.
+The one write is the "release" action, which deletes in-progress claims
+only, so that a client's retry can run again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ERROR_FLAG, PAGE_VAR
+from django.core.paginator import Paginator
+from django.db import connections
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template import engines
+from django.template.response import TemplateResponse
+from django.utils import formats, timezone
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from idempotency_app import clock
+from idempotency_app.conf import conf
+from idempotency_app.models import IdempotencyRecord
+from idempotency_app.store import parse_headers
+
+# Below this many rows an exact COUNT is cheap, and an estimate from table
+# statistics (stale or missing on a young table) would only mislead.
+ESTIMATE_FROM = 100_000
+# How many of the newest records the operation filter offers values from.
+OPERATION_SAMPLE = 10_000
+# Longest body text shown on the detail page.
+MAX_SHOWN_CHARS = 100_000
+IN_PROGRESS = IdempotencyRecord.Status.IN_PROGRESS
+DATE_FIELD = "created_at"
+
+# Django's own date hierarchy reads the whole table twice on every page (MIN
+# and MAX, then SELECT DISTINCT of the truncated dates), and on MySQL it needs
+# the server's time zone tables. Records live for TTL, so the days worth
+# offering follow from the clock: this block lists them without a query, and
+# Django still turns the chosen day into a created_at range filter.
+CHANGE_LIST = (
+    '{% extends "admin/change_list.html" %}{% block date_hierarchy %}'
+    '{% include "admin/date_hierarchy.html" with show=True back=recent_days.back '
+    "choices=recent_days.choices %}{% endblock %}"
+)
+
+if TYPE_CHECKING:
+    RecordAdminBase = admin.ModelAdmin[IdempotencyRecord]
+    PaginatorBase = Paginator[Any]
+else:  # generic only in the type stubs
+    RecordAdminBase = admin.ModelAdmin
+    PaginatorBase = Paginator
+
+
+def estimated_count(queryset: QuerySet[Any]) -> int | None:
+    """The table's row count from the database's statistics, for an
+    unfiltered queryset on PostgreSQL or MySQL; None when it must be counted."""
+    if queryset.query.where:
+        return None
+    connection = connections[queryset.db]
+    table = queryset.model._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)",
+                [connection.ops.quote_name(table)],
+            )
+        elif connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT table_rows FROM information_schema.tables "
+                "WHERE table_schema = DATABASE() AND table_name = %s",
+                [table],
+            )
+        else:
+            return None
+        row = cursor.fetchone()
+    if row is None or row[0] is None or int(row[0]) < ESTIMATE_FROM:
+        return None
+    return int(row[0])
+
+
+class EstimatedCountPaginator(PaginatorBase):
+    """A full COUNT(*) reads the whole table; the unfiltered list uses the
+    planner's estimate instead. Filtered lists (a search, a filter) are
+    counted exactly."""
+
+    @cached_property
+    def count(self) -> int:
+        if isinstance(self.object_list, QuerySet):
+            estimate = estimated_count(self.object_list)
+            if estimate is not None:
+                return estimate
+        return super().count
+
+
+class ExpiredFilter(admin.SimpleListFilter):
+    title = "expired"
+    parameter_name = "expired"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Yes"), ("no", "No")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return queryset.filter(expires_at__lte=clock.now())
+        if self.value() == "no":
+            return queryset.filter(expires_at__gt=clock.now())
+        return queryset
+
+
+class OperationFilter(admin.SimpleListFilter):
+    """Offers the operations seen among the newest records. A plain field
+    filter would run SELECT DISTINCT over the whole table on every page."""
+
+    title = "operation"
+    parameter_name = "operation"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        newest = model_admin.get_queryset(request).order_by("-pk")
+        names = set(newest.values_list("operation", flat=True)[:OPERATION_SAMPLE])
+        if self.value():
+            names.add(self.value())
+        return [(name, name) for name in sorted(names)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(operation=self.value()) if self.value() else queryset
+
+
+@admin.register(IdempotencyRecord)
+class IdempotencyRecordAdmin(RecordAdminBase):
+    list_display = (
+        "key",
+        "scope",
+        "operation",
+        "status",
+        "response_status",
+        "created_at",
+        "expires_at",
+    )
+    list_filter = ("status", OperationFilter, ExpiredFilter)
+    # Exact matches only: a key uses the (key, scope) unique index,
+    # while Django's default icontains scans every row. Keys and scopes are
+    # case-sensitive, so iexact ("=key") would be both wrong and unindexable.
+    search_fields = ("key__exact", "scope__exact")
+    search_help_text = "An exact key or scope (user:42); both, space-separated, find one record."
+    date_hierarchy = DATE_FIELD
+    ordering = ("-pk",)
+    sortable_by = ("expires_at",)
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    actions = ("release_claims",)
+    fields = (
+        "scope",
+        "key",
+        "operation",
+        "fingerprint",
+        "status",
+        "created_at",
+        "expires_at",
+        "locked_until",
+        "response_status",
+        "stored_headers",
+        "stored_body",
+        "format_version",
+    )
+    readonly_fields = fields
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {"recent_days": recent_days(request), **(extra_context or {})}
+        response = super().changelist_view(request, context)
+        if isinstance(response, TemplateResponse):  # not rendered yet: the template may change
+            response.template_name = engines["django"].from_string(CHANGE_LIST)
+        return response
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_release_permission(self, request: HttpRequest) -> bool:
+        """Releasing is a delete, so it needs the model's delete permission."""
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.delete_{opts.model_name}")
+
+    @admin.action(description="Release selected stuck claims", permissions=["release"])
+    def release_claims(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        """One conditional DELETE: a claim that completes meanwhile is kept."""
+        selected = queryset.count()
+        released, _ = queryset.filter(status=IN_PROGRESS).delete()
+        self.message_user(request, f"Released {released} stuck claims.", messages.SUCCESS)
+        if selected > released:
+            self.message_user(
+                request,
+                f"Kept {selected - released} selected records that are not in progress: "
+                "completed records are never released.",
+                messages.WARNING,
+            )
+
+    @admin.display(description="stored headers")
+    def stored_headers(self, record: IdempotencyRecord) -> SafeString | str:
+        pairs = _headers(record)
+        if not pairs:
+            return "None"
+        return format_html("<pre>{}</pre>", format_html_join("\n", "{}: {}", pairs))
+
+    @admin.display(description="stored body")
+    def stored_body(self, record: IdempotencyRecord) -> SafeString | str:
+        return describe_body(record)
+
+
+def recent_days(request: HttpRequest) -> dict[str, Any]:
+    """Links to each day a record can still be from (today back over TTL),
+    keeping the page's other filters; the chosen day is shown unlinked."""
+    params = request.GET.copy()
+    for name in list(params):
+        if name.startswith(f"{DATE_FIELD}__") or name in (PAGE_VAR, ERROR_FLAG):
+            del params[name]
+    chosen = [request.GET.get(f"{DATE_FIELD}__{part}") for part in ("year", "month", "day")]
+    today = timezone.localdate(clock.now())
+    choices = []
+    for offset in range(min(31, math.ceil(conf.TTL / 86400) + 1)):
+        day = today - timedelta(days=offset)
+        title = formats.date_format(day, "MONTH_DAY_FORMAT")
+        if chosen == [str(day.year), str(day.month), str(day.day)]:
+            choices.append({"title": title, "link": None})
+            continue
+        link = params.copy()
+        for part, value in (("year", day.year), ("month", day.month), ("day", day.day)):
+            link[f"{DATE_FIELD}__{part}"] = str(value)
+        choices.append({"title": title, "link": f"?{link.urlencode()}"})
+    back = {"title": "All dates", "link": f"?{params.urlencode()}"} if chosen[0] else None
+    return {"back": back, "choices": choices}
+
+
+def _headers(record: IdempotencyRecord) -> list[tuple[str, str]]:
+    try:
+        return list(parse_headers(record.response_headers))
+    except (ValueError, TypeError):
+        return [("(unreadable)", record.response_headers)]
+
+
+def describe_body(record: IdempotencyRecord) -> SafeString | str:
+    """JSON indented, text as it is, anything else summarised."""
+    if record.status == IN_PROGRESS:
+        return "No response yet: the request is in progress."
+    if record.response_body is None:
+        return (
+            "Not stored (larger than MAX_BODY_BYTES, or streamed): "
+            "a replay sends the status and headers only."
+        )
+    body = bytes(record.response_body)
+    if not body:
+        return "Empty."
+    content_type = next((v for n, v in _headers(record) if n.lower() == "content-type"), "")
+    media_type, _, params = content_type.partition(";")
+    media_type = media_type.strip().lower()
+    charset = "utf-8"
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip():
+            charset = value.strip().strip('"')
+    if not _is_textual(media_type):
+        return f"{len(body)} bytes of {media_type or 'unknown type'}"
+    try:
+        text = body.decode(charset)
+    except (UnicodeDecodeError, LookupError):
+        return f"{len(body)} bytes of {media_type or 'unknown type'} (not valid {charset})"
+    if media_type == "application/json" or media_type.endswith("+json"):
+        with contextlib.suppress(ValueError, RecursionError):
+            text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    if len(text) > MAX_SHOWN_CHARS:
+        return format_html(
+            "<pre>{}</pre><p>(first {} of {} characters)</p>",
+            text[:MAX_SHOWN_CHARS],
+            MAX_SHOWN_CHARS,
+            len(text),
+        )
+    return format_html("<pre>{}</pre>", text)
+
+
+def _is_textual(media_type: str) -> bool:
+    return (
+        not media_type
+        or media_type.startswith("text/")
+        or media_type.endswith(("+json", "+xml", "/json", "/xml", "/javascript"))
+        or media_type == "application/x-www-form-urlencoded"
+    )

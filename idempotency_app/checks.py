@@ -1,0 +1,309 @@
+"""System checks for ``IDEMPOTENCY``; ids are documented in the README."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import django
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.utils.module_loading import import_string
+
+from idempotency_app.conf import DEFAULTS, conf
+
+MIN_TTL = 60
+MAX_TTL = 30 * 24 * 3600
+LOCAL_CACHE_BACKENDS = (
+    "django.core.cache.backends.locmem.LocMemCache",
+    "django.core.cache.backends.dummy.DummyCache",
+)
+DURATION_KEYS = (
+    "TTL",
+    "LEASE",
+    "TRANSIENT_ERROR_TTL",
+    "WAIT_FOR_IN_FLIGHT",
+    "CACHE_RETRY_INTERVAL",
+)
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    raw = getattr(settings, "IDEMPOTENCY", {})
+    if not isinstance(raw, dict):
+        return [
+            Error(
+                "IDEMPOTENCY must be a dict.",
+                hint="Set IDEMPOTENCY = {...} or remove it.",
+                id="idempotency_app.E001",
+            )
+        ]
+    errors: list[CheckMessage] = []
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        errors.append(
+            Error(
+                f"IDEMPOTENCY has unknown keys: {', '.join(unknown)}.",
+                hint=f"Check the spelling; known keys are {', '.join(sorted(DEFAULTS))}.",
+                id="idempotency_app.E002",
+            )
+        )
+    bad_durations = [k for k in DURATION_KEYS if not _is_duration(raw.get(k, DEFAULTS[k]))]
+    for name in bad_durations:
+        errors.append(
+            Error(
+                f"IDEMPOTENCY['{name}'] must be a number of seconds or a timedelta, not {raw[name]!r}.",
+                id="idempotency_app.E003",
+            )
+        )
+    if not bad_durations:
+        errors.extend(_check_bounds())
+    errors.extend(_check_aliases())
+    errors.extend(_check_callables(raw))
+    return errors
+
+
+def _is_duration(value: Any) -> bool:
+    return isinstance(value, timedelta) or (
+        isinstance(value, int | float) and not isinstance(value, bool)
+    )
+
+
+def _check_bounds() -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    if not MIN_TTL <= conf.TTL <= MAX_TTL:
+        errors.append(
+            Error(
+                f"IDEMPOTENCY['TTL'] is {conf.TTL:g}s; it must be from {MIN_TTL}s (1 minute) to {MAX_TTL}s (30 days).",
+                id="idempotency_app.E004",
+            )
+        )
+    if not 1 <= conf.LEASE < conf.TTL:
+        errors.append(
+            Error(
+                f"IDEMPOTENCY['LEASE'] is {conf.LEASE:g}s; it must be at least 1s and shorter than TTL ({conf.TTL:g}s).",
+                hint="LEASE should exceed your slowest idempotent view.",
+                id="idempotency_app.E005",
+            )
+        )
+    if conf.TRANSIENT_ERROR_TTL < 0 or conf.WAIT_FOR_IN_FLIGHT < 0 or conf.CACHE_RETRY_INTERVAL < 0:
+        errors.append(
+            Error(
+                "IDEMPOTENCY durations TRANSIENT_ERROR_TTL, WAIT_FOR_IN_FLIGHT and CACHE_RETRY_INTERVAL cannot be negative.",
+                id="idempotency_app.E006",
+            )
+        )
+    if conf.WAIT_FOR_IN_FLIGHT >= conf.LEASE:
+        errors.append(
+            Error(
+                "IDEMPOTENCY['WAIT_FOR_IN_FLIGHT'] must be shorter than LEASE.",
+                hint="A duplicate should give up waiting before the first request's lease can lapse.",
+                id="idempotency_app.E007",
+            )
+        )
+    max_body = conf.user_settings.get("MAX_BODY_BYTES", DEFAULTS["MAX_BODY_BYTES"])
+    if not isinstance(max_body, int) or isinstance(max_body, bool) or max_body < 0:
+        errors.append(
+            Error(
+                f"IDEMPOTENCY['MAX_BODY_BYTES'] must be a whole number of bytes, not {max_body!r}.",
+                id="idempotency_app.E008",
+            )
+        )
+    return errors
+
+
+def _check_aliases() -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    if conf.CACHE_ALIAS not in settings.CACHES:
+        errors.append(
+            Error(
+                f"IDEMPOTENCY['CACHE_ALIAS'] is {conf.CACHE_ALIAS!r}, which is not in CACHES.",
+                hint=f"Use one of: {', '.join(settings.CACHES)}.",
+                id="idempotency_app.E009",
+            )
+        )
+    if conf.DATABASE_ALIAS not in settings.DATABASES:
+        errors.append(
+            Error(
+                f"IDEMPOTENCY['DATABASE_ALIAS'] is {conf.DATABASE_ALIAS!r}, which is not in DATABASES.",
+                id="idempotency_app.E010",
+            )
+        )
+        return errors
+    database = settings.DATABASES[conf.DATABASE_ALIAS]
+    if database.get("ATOMIC_REQUESTS"):
+        errors.append(
+            Warning(
+                f"ATOMIC_REQUESTS is on for database {conf.DATABASE_ALIAS!r}: a claim cannot commit "
+                "before its view runs, so a concurrent duplicate waits for the first request "
+                "instead of getting 409 at once.",
+                hint="This is safe. For immediate 409s, exclude idempotent views with "
+                "transaction.non_atomic_requests; the idempotency layer then runs each view in "
+                "its own transaction.",
+                id="idempotency_app.W001",
+            )
+        )
+    sqlite = "sqlite3" in database.get("ENGINE", "")
+    immediate_supported = django.VERSION >= (5, 1)
+    if (
+        sqlite
+        and immediate_supported
+        and dict(database.get("OPTIONS") or {}).get("transaction_mode") != "IMMEDIATE"
+    ):
+        errors.append(
+            Warning(
+                f"Database {conf.DATABASE_ALIAS!r} is SQLite with deferred transactions: a duplicate's "
+                "claim written while a request's transaction runs can make that request fail with "
+                "'database is locked'.",
+                hint='On Django 5.1+ set OPTIONS = {"transaction_mode": "IMMEDIATE"}; '
+                "use PostgreSQL or MySQL for concurrent production traffic.",
+                id="idempotency_app.W003",
+            )
+        )
+    cache = settings.CACHES.get(conf.CACHE_ALIAS, {})
+    server_db = not sqlite
+    if server_db and cache.get("BACKEND") in LOCAL_CACHE_BACKENDS:
+        errors.append(
+            Warning(
+                f"IDEMPOTENCY['CACHE_ALIAS'] {conf.CACHE_ALIAS!r} is a per-process cache "
+                f"({cache.get('BACKEND')}) while the database is a server: processes will not share "
+                "the retry-storm guard.",
+                hint="Point CACHE_ALIAS at a django-redis cache.",
+                id="idempotency_app.W002",
+            )
+        )
+    return errors
+
+
+def _check_callables(raw: dict[str, Any]) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    for name in ("SCOPE", "FINGERPRINT"):
+        value = raw.get(name, DEFAULTS[name])
+        if isinstance(value, str):
+            try:
+                import_string(value)
+            except ImportError as exc:
+                errors.append(
+                    Error(
+                        f"IDEMPOTENCY['{name}'] cannot be imported: {exc}.",
+                        id="idempotency_app.E011",
+                    )
+                )
+        elif not callable(value):
+            errors.append(
+                Error(
+                    f"IDEMPOTENCY['{name}'] must be a dotted path or a callable.",
+                    id="idempotency_app.E011",
+                )
+            )
+    return errors
+
+
+APP_LABEL = "idempotency_app"
+SUPPORTED_VENDORS = ("postgresql", "mysql", "sqlite")
+# RFC 9110 token characters: what a header name may be made of.
+TOKEN_CHARS = frozenset(
+    "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
+LIST_KEYS = ("METHODS", "STORE_HEADERS", "FINGERPRINT_QUERY_PARAMS", "FINGERPRINT_HEADERS")
+
+
+@register(Tags.models)
+def check_migrations(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """The model and its migrations agree, judged without touching a database.
+
+    Only this app's models are compared, so the cost does not grow with the
+    project. Nothing is reported when the app's migrations are disabled
+    (``MIGRATION_MODULES = {"idempotency_app": None}``), as some test setups do.
+    """
+    from django.apps import apps
+    from django.db.migrations.autodetector import MigrationAutodetector
+    from django.db.migrations.loader import MigrationLoader
+    from django.db.migrations.state import ProjectState
+
+    if app_configs is not None and APP_LABEL not in {c.label for c in app_configs}:
+        return []
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    if APP_LABEL not in loader.migrated_apps:
+        return []
+    migrated = loader.project_state(loader.graph.leaf_nodes(APP_LABEL))
+    current = ProjectState.from_apps(apps)
+    changes = MigrationAutodetector(_only_app(migrated), _only_app(current)).changes(
+        graph=loader.graph, trim_to_apps={APP_LABEL}
+    )
+    if not changes.get(APP_LABEL):
+        return []
+    return [
+        Error(
+            "The idempotency_app models have changes that are not in its migrations.",
+            hint="Upgrade idempotency_app so that its model and migrations match; never write "
+            "your own migration for it (run `manage.py makemigrations --check idempotency_app` "
+            "to see the difference). When developing idempotency_app itself, run makemigrations.",
+            id="idempotency_app.E012",
+        )
+    ]
+
+
+def _only_app(state: Any) -> Any:
+    from django.db.migrations.state import ProjectState
+
+    return ProjectState({k: v for k, v in state.models.items() if k[0] == APP_LABEL})
+
+
+@register(Tags.compatibility)
+def check_header_and_lists(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Shapes the settings object trusts: a mistyped header name never
+    matches a request, and ``METHODS = "POST"`` reads as the letters P, O, S, T."""
+    raw = getattr(settings, "IDEMPOTENCY", {})
+    if not isinstance(raw, dict):
+        return []  # E001 says so
+    errors: list[CheckMessage] = []
+    header = raw.get("HEADER", DEFAULTS["HEADER"])
+    if not isinstance(header, str) or not header or not set(header) <= TOKEN_CHARS:
+        errors.append(
+            Error(
+                f"IDEMPOTENCY['HEADER'] is {header!r}, which is not an HTTP header name.",
+                hint="Use letters, digits and '-' as a client sends it, e.g. 'Idempotency-Key'.",
+                id="idempotency_app.E013",
+            )
+        )
+    for name in LIST_KEYS:
+        value = raw.get(name, DEFAULTS[name])
+        if not isinstance(value, list | tuple | set | frozenset) or not all(
+            isinstance(v, str) and v for v in value
+        ):
+            errors.append(
+                Error(
+                    f"IDEMPOTENCY['{name}'] must be a list of non-empty strings, not {value!r}.",
+                    hint='Write a list even for one value: ["POST"], not "POST".',
+                    id="idempotency_app.E014",
+                )
+            )
+    return errors
+
+
+@register(Tags.compatibility)
+def check_database_vendor(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """The store's claim is vendor-specific SQL; other databases would fail
+    at the first request instead of at start-up. No connection is opened."""
+    from django.db import connections
+
+    alias = conf.DATABASE_ALIAS
+    if alias not in connections.settings:
+        return []  # E010 says so
+    vendor = connections[alias].vendor
+    if vendor in SUPPORTED_VENDORS:
+        return []
+    return [
+        Error(
+            f"Database {alias!r} is {vendor}; idempotency_app supports PostgreSQL, "
+            "MySQL/MariaDB and SQLite.",
+            hint="Point IDEMPOTENCY['DATABASE_ALIAS'] at a supported database.",
+            id="idempotency_app.E015",
+        )
+    ]

@@ -1,0 +1,160 @@
+"""The ``IDEMPOTENCY`` settings dict, read on every access.
+
+Nothing is cached and nothing is written back onto ``django.conf.settings``,
+so ``override_settings(IDEMPOTENCY={...})`` takes effect at once in tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+DEFAULTS: dict[str, Any] = {
+    "ENABLED": True,
+    "HEADER": "Idempotency-Key",
+    "TTL": 24 * 3600,
+    "LEASE": 60,
+    "TRANSIENT_ERROR_TTL": 10,
+    "CACHE_ALIAS": "default",
+    "DATABASE_ALIAS": "default",
+    "METHODS": ["POST", "PATCH"],
+    "SCOPE": "idempotency_app.keys.user_scope",
+    "FINGERPRINT": "idempotency_app.keys.fingerprint",
+    "FINGERPRINT_QUERY_PARAMS": [],
+    "FINGERPRINT_HEADERS": [],
+    "STORE_HEADERS": [],
+    "MAX_BODY_BYTES": 1024 * 1024,
+    "WAIT_FOR_IN_FLIGHT": 0,
+    "CACHE_RETRY_INTERVAL": 5,
+}
+
+# Representation headers: what a client needs to read a replayed body the way
+# it read the original. Cookies, auth and hop-by-hop headers never qualify.
+DEFAULT_STORED_HEADERS = (
+    "Content-Type",
+    "Content-Language",
+    "Content-Location",
+    "Location",
+    "ETag",
+    "Last-Modified",
+    "Link",
+)
+NEVER_STORED_HEADERS = frozenset(
+    h.lower()
+    for h in (
+        "Set-Cookie",
+        "Authorization",
+        "WWW-Authenticate",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "Connection",
+        "Keep-Alive",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Content-Length",
+    )
+)
+
+
+def never_stored(name: str) -> bool:
+    """Credentials, cookies and hop-by-hop headers, including every Proxy-* header."""
+    lowered = name.lower()
+    return lowered in NEVER_STORED_HEADERS or lowered.startswith("proxy-")
+
+
+def to_seconds(value: float | timedelta) -> float:
+    """Durations may be given as seconds or as a ``timedelta``."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return float(value)
+
+
+class Settings:
+    """Typed view of ``settings.IDEMPOTENCY``; every key is optional."""
+
+    @property
+    def user_settings(self) -> dict[str, Any]:
+        value = getattr(settings, "IDEMPOTENCY", None)
+        return value if isinstance(value, dict) else {}
+
+    def _get(self, name: str) -> Any:
+        return self.user_settings.get(name, DEFAULTS[name])
+
+    @property
+    def ENABLED(self) -> bool:
+        return bool(self._get("ENABLED"))
+
+    @property
+    def HEADER(self) -> str:
+        return str(self._get("HEADER"))
+
+    @property
+    def TTL(self) -> float:
+        return to_seconds(self._get("TTL"))
+
+    @property
+    def LEASE(self) -> float:
+        return to_seconds(self._get("LEASE"))
+
+    @property
+    def TRANSIENT_ERROR_TTL(self) -> float:
+        return to_seconds(self._get("TRANSIENT_ERROR_TTL"))
+
+    @property
+    def CACHE_ALIAS(self) -> str:
+        return str(self._get("CACHE_ALIAS"))
+
+    @property
+    def DATABASE_ALIAS(self) -> str:
+        return str(self._get("DATABASE_ALIAS"))
+
+    @property
+    def METHODS(self) -> frozenset[str]:
+        return frozenset(m.upper() for m in self._get("METHODS"))
+
+    @property
+    def SCOPE(self) -> Callable[..., str | None]:
+        return resolve_callable(self._get("SCOPE"))
+
+    @property
+    def FINGERPRINT(self) -> Callable[..., str]:
+        return resolve_callable(self._get("FINGERPRINT"))
+
+    @property
+    def FINGERPRINT_QUERY_PARAMS(self) -> list[str]:
+        return list(self._get("FINGERPRINT_QUERY_PARAMS"))
+
+    @property
+    def FINGERPRINT_HEADERS(self) -> list[str]:
+        return list(self._get("FINGERPRINT_HEADERS"))
+
+    @property
+    def STORED_HEADERS(self) -> frozenset[str]:
+        names = {n.lower() for n in (*DEFAULT_STORED_HEADERS, *self._get("STORE_HEADERS"))}
+        return frozenset(n for n in names if not never_stored(n))
+
+    @property
+    def MAX_BODY_BYTES(self) -> int:
+        return int(self._get("MAX_BODY_BYTES"))
+
+    @property
+    def WAIT_FOR_IN_FLIGHT(self) -> float:
+        return to_seconds(self._get("WAIT_FOR_IN_FLIGHT"))
+
+    @property
+    def CACHE_RETRY_INTERVAL(self) -> float:
+        return to_seconds(self._get("CACHE_RETRY_INTERVAL"))
+
+
+def resolve_callable(value: str | Callable[..., Any]) -> Callable[..., Any]:
+    """Settings and per-view options take a dotted path or the callable itself."""
+    return import_string(value) if isinstance(value, str) else value
+
+
+conf = Settings()

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.cache import caches
+from rest_framework.test import APIClient
+
+from idempotency_app import cache as guard_module
+
+SERVER_DB = settings.DB != "sqlite"
+needs_server_db = pytest.mark.skipif(
+    not SERVER_DB,
+    reason="needs PostgreSQL or MariaDB: set IDEMPOTENCY_TEST_DB=postgres or mysql",
+)
+needs_redis = pytest.mark.skipif(
+    not settings.REDIS_URL,
+    reason="needs Redis: set IDEMPOTENCY_TEST_REDIS_URL=redis://127.0.0.1:6379/0",
+)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache_state() -> Iterator[None]:
+    """Each test starts with an empty cache and a guard that is not tripped.
+
+    On Redis only this run's keys go (its KEY_PREFIX): ``clear()`` would
+    flush the database under other test runs sharing the server.
+    """
+    cache = caches["default"]
+    if hasattr(cache, "delete_pattern"):
+        cache.delete_pattern("*")
+    else:
+        cache.clear()
+    guard_module._down_until = 0.0
+    yield
+    guard_module._down_until = 0.0
+
+
+@pytest.fixture
+def user(db: Any) -> User:
+    return User.objects.create_user("alice", password="pw")
+
+
+@pytest.fixture
+def other_user(db: Any) -> User:
+    return User.objects.create_user("bob", password="pw")
+
+
+@pytest.fixture
+def api(user: User) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+@pytest.fixture
+def key() -> str:
+    return str(uuid.uuid4())
+
+
+def post(client: APIClient, url: str, data: Any, key: str | None, **extra: Any) -> Any:
+    headers = {} if key is None else {"HTTP_IDEMPOTENCY_KEY": key}
+    return client.post(url, data, format="json", **headers, **extra)

@@ -1,0 +1,68 @@
+"""Three ways to make an endpoint idempotent, one per resource."""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.db.models import F, QuerySet
+from django.shortcuts import get_object_or_404
+from rest_framework import status, viewsets
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from example_project.payments.models import Account, Charge
+from example_project.payments.serializers import (
+    AccountSerializer,
+    ChargeSerializer,
+    RefundSerializer,
+)
+from idempotency_app.decorators import idempotent
+from idempotency_app.mixins import IdempotentMixin
+
+
+class AccountViewSet(IdempotentMixin, viewsets.ModelViewSet[Account]):
+    """The mixin covers POST and PATCH (creating and renaming accounts)."""
+
+    serializer_class = AccountSerializer
+
+    def get_queryset(self) -> QuerySet[Account]:
+        return Account.objects.filter(owner=self.request.user)
+
+    def perform_create(self, serializer: AccountSerializer) -> None:  # type: ignore[override]
+        serializer.save(owner=self.request.user)
+
+
+@api_view(["POST"])
+@idempotent(required=True)
+def create_charge(request: Request, account_id: int) -> Response:
+    """Charging money requires a key: a retry must never charge twice.
+
+    With DEBUG on, ``?simulate_delay=SECONDS`` makes the charge slow, to see
+    what a concurrent duplicate gets (409, or a replay with WAIT_FOR_IN_FLIGHT).
+    """
+    account = get_object_or_404(Account, pk=account_id, owner=request.user)
+    if settings.DEBUG and "simulate_delay" in request.query_params:
+        time.sleep(min(float(request.query_params["simulate_delay"]), 30))
+    serializer = ChargeSerializer(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    charge = serializer.save(account=account)
+    Account.objects.filter(pk=account.pk).update(balance=F("balance") - charge.amount)
+    return Response(
+        ChargeSerializer(charge).data,
+        status=status.HTTP_201_CREATED,
+        headers={"Location": f"/api/charges/{charge.pk}/"},
+    )
+
+
+class RefundView(APIView):
+    @idempotent(ttl=7 * 24 * 3600)
+    def post(self, request: Request, charge_id: int) -> Response:
+        charge = get_object_or_404(Charge, pk=charge_id, account__owner=request.user)
+        serializer = RefundSerializer(data=request.data, context={"charge": charge})
+        serializer.is_valid(raise_exception=True)
+        refund = serializer.save(charge=charge)
+        Account.objects.filter(pk=charge.account_id).update(balance=F("balance") + refund.amount)
+        return Response(RefundSerializer(refund).data, status=status.HTTP_201_CREATED)

@@ -1,0 +1,46 @@
+"""The three views measured side by side.
+
+``floor`` authenticates and returns; ``plain`` is a write view (two writes in
+one transaction); ``idem`` is the very same function under ``@idempotent``.
+A ``sleep`` in the body holds the transaction open between the two writes:
+the conflict scenario uses it to keep a key in progress.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from django.db import transaction
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from benchmarks.benchproject import whatif
+from benchmarks.benchproject.models import Charge, LedgerEntry
+from idempotency_app.decorators import idempotent
+
+
+@api_view(["POST"])
+def floor(request: Request) -> Response:
+    """The worker's pid lets the load driver spread its connections evenly."""
+    return Response({"ok": True, "worker": os.getpid()})
+
+
+SAVEPOINT = "no-savepoint" not in whatif.enabled()
+
+
+def write(request: Request) -> Response:
+    data = request.data
+    with transaction.atomic(savepoint=SAVEPOINT):
+        charge = Charge.objects.create(
+            label=str(data.get("label", "")), amount=int(data.get("amount", 0))
+        )
+        if data.get("sleep"):
+            time.sleep(float(data["sleep"]))
+        LedgerEntry.objects.create(charge=charge, amount=charge.amount)
+    return Response({"id": charge.pk, "label": charge.label, "amount": charge.amount}, status=201)
+
+
+plain = api_view(["POST"])(write)
+idem = api_view(["POST"])(idempotent(write))

@@ -96,20 +96,28 @@ def claim(identity: Identity, policy: Policy) -> Decision:
     """One INSERT arbitrated by the unique constraint decides who runs.
 
     A lock timeout or deadlock while claiming means another request holds the
-    key's row (inside a transaction, in nested mode): that is a 409, not an
-    outage. Any other database error is ``StoreUnavailable``.
+    key's row inside a transaction: that is a 409, not an outage. Outside a
+    transaction the failed statement left nothing behind, so it is retried
+    like any duplicate in flight, within ``policy.wait``. Any other database
+    error is ``StoreUnavailable``.
     """
-    try:
-        return _claim(identity, policy)
-    except Error as exc:
-        if connections[policy.using].in_atomic_block:
-            # The failed statement spoiled the enclosing savepoint.
-            transaction.set_rollback(True, using=policy.using)
-        if _is_lock_conflict(exc):
-            signals.conflict.send(Claim, identity=identity)
-            return InProgress()
-        logger.error("Idempotency claim failed for %s: %s", identity.key, exc)
-        raise StoreUnavailable(str(exc)) from exc
+    deadline = time.monotonic() + policy.wait
+    while True:
+        try:
+            return _claim(identity, policy, deadline)
+        except Error as exc:
+            nested = connections[policy.using].in_atomic_block
+            if nested:
+                # The failed statement spoiled the enclosing savepoint.
+                transaction.set_rollback(True, using=policy.using)
+            if not _is_lock_conflict(exc):
+                logger.error("Idempotency claim failed for %s: %s", identity.key, exc)
+                raise StoreUnavailable(str(exc)) from exc
+            logger.info("Lock conflict claiming idempotency key %s: %s", identity.key, exc)
+            if nested or time.monotonic() >= deadline:
+                signals.conflict.send(Claim, identity=identity)
+                return InProgress()
+            time.sleep(POLL_INTERVAL)
 
 
 # MySQL lock wait timeout and deadlock; PostgreSQL deadlock, lock timeout and
@@ -130,8 +138,7 @@ def _is_lock_conflict(exc: Exception) -> bool:
     return "database is locked" in str(exc)
 
 
-def _claim(identity: Identity, policy: Policy) -> Decision:
-    deadline = time.monotonic() + policy.wait
+def _claim(identity: Identity, policy: Policy, deadline: float) -> Decision:
     for _ in range(MAX_CLAIM_ATTEMPTS):
         token = secrets.token_hex(16)
         now = clock.now()

@@ -523,6 +523,60 @@ def test_concurrent_duplicates_without_waiting_are_told_to_retry() -> None:
     assert calls == ["evt_1"]
 
 
+def claim_with_a_short_lock_wait(wait: float) -> service.Held | service.Done:
+    """Claim on a connection that gives up on a row lock within a second,
+    as a busy server's deadlock detector or lock timeout would."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET lock_timeout = '100ms'")
+        else:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+    return service.claim(SCOPE, "evt_1", OP, wait=wait)
+
+
+def holding_an_uncommitted_claim(seconds: float) -> threading.Thread:
+    """A thread whose transaction inserted the key's row, holds it for
+    ``seconds`` (a duplicate's INSERT waits on it) and then rolls back."""
+    holding = threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                service.claim(SCOPE, "evt_1", OP)
+                holding.set()
+                threading.Event().wait(seconds)
+                transaction.set_rollback(True)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert holding.wait(10)
+    return thread
+
+
+@needs_server_db
+def test_a_lock_timeout_while_claiming_is_retried_within_the_wait(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    thread = holding_an_uncommitted_claim(1.5)
+    with caplog.at_level("INFO", logger="idempotency_app"):
+        [outcome] = in_threads(1, lambda: claim_with_a_short_lock_wait(wait=10))
+    thread.join(10)
+    assert "Lock conflict claiming idempotency key evt_1" in caplog.text
+    assert isinstance(outcome, service.Held), outcome
+    assert record().status == "in_progress"
+
+
+@needs_server_db
+def test_a_lock_timeout_without_a_wait_is_a_conflict() -> None:
+    thread = holding_an_uncommitted_claim(1.5)
+    [outcome] = in_threads(1, lambda: claim_with_a_short_lock_wait(wait=0))
+    thread.join(10)
+    assert isinstance(outcome, service.KeyInProgress), outcome
+    assert not IdempotencyRecord.objects.exists(), "the holder rolled back"
+
+
 @needs_server_db
 def test_a_worker_whose_claim_was_taken_over_rolls_back() -> None:
     inside, finish = threading.Event(), threading.Event()

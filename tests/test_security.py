@@ -320,8 +320,6 @@ def test_tenant_scope_isolates_tenants(api: APIClient, key: str) -> None:
     ]
 
 
-
-
 @pytest.mark.parametrize(
     ("one", "two"),
     [
@@ -356,8 +354,6 @@ def test_keys_that_differ_slightly_are_different_keys(api: APIClient, one: str, 
     second = post(api, "/charges/", {"label": "b"}, two)
     assert (first.status_code, second.status_code) == (201, 201), second.content
     assert IdempotencyRecord.objects.count() == 2
-
-
 
 
 @pytest.mark.parametrize(

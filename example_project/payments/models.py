@@ -5,7 +5,9 @@ from django.db import models
 
 
 class Account(models.Model):
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="accounts")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="accounts"
+    )
     name = models.CharField(max_length=100)
     balance = models.BigIntegerField(default=0, help_text="In cents.")
 
@@ -19,11 +21,17 @@ class Charge(models.Model):
     description = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    def __str__(self) -> str:
+        return f"Charge {self.pk} of {self.amount}"
+
 
 class Refund(models.Model):
     charge = models.ForeignKey(Charge, on_delete=models.PROTECT, related_name="refunds")
     amount = models.PositiveBigIntegerField(help_text="In cents.")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"Refund {self.pk} of {self.amount}"
 
 
 class ProviderPayment(models.Model):
@@ -34,3 +42,6 @@ class ProviderPayment(models.Model):
     event_id = models.CharField(max_length=255, help_text="The provider's event id.")
     amount = models.PositiveBigIntegerField(help_text="In cents.")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.provider} event {self.event_id}"

@@ -5,21 +5,35 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('payments', '0001_initial'),
+        ("payments", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ProviderPayment',
+            name="ProviderPayment",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('provider', models.CharField(max_length=50)),
-                ('event_id', models.CharField(help_text="The provider's event id.", max_length=255)),
-                ('amount', models.PositiveBigIntegerField(help_text='In cents.')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('account', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='provider_payments', to='payments.account')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("provider", models.CharField(max_length=50)),
+                (
+                    "event_id",
+                    models.CharField(help_text="The provider's event id.", max_length=255),
+                ),
+                ("amount", models.PositiveBigIntegerField(help_text="In cents.")),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "account",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="provider_payments",
+                        to="payments.account",
+                    ),
+                ),
             ],
         ),
     ]

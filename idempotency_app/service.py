@@ -129,8 +129,10 @@ def make_identity(scope: str, key: str | int, operation: str, fingerprint: Any =
             f"An idempotency key may be {keys.MAX_KEY_LENGTH} characters at most; "
             "hash longer ones first."
         )
-    if not isinstance(operation, str) or len(operation) > 255:
-        raise ValueError("An operation must be a string of 255 characters at most.")
+    if "\x00" in key:
+        raise ValueError("An idempotency key must not contain NUL; PostgreSQL cannot store it.")
+    if not isinstance(operation, str) or len(operation) > 255 or "\x00" in operation:
+        raise ValueError("An operation must be a string of 255 characters at most, without NUL.")
     digest = (
         ""
         if fingerprint is None

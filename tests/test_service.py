@@ -304,12 +304,24 @@ def test_an_unserialisable_fingerprint_fails_before_any_work() -> None:
 
 @pytest.mark.parametrize(
     ("key", "error"),
-    [("", ValueError), (None, TypeError), ("k" * 256, ValueError), (True, TypeError)],
-    ids=["empty", "none", "too-long", "bool"],
+    [
+        ("", ValueError),
+        (None, TypeError),
+        ("k" * 256, ValueError),
+        (True, TypeError),
+        ("evt\x00", ValueError),
+    ],
+    ids=["empty", "none", "too-long", "bool", "nul"],
 )
 def test_bad_keys_fail_before_any_query(key: Any, error: type[Exception]) -> None:
     with CaptureQueriesContext(connection) as queries, pytest.raises(error):
         deliver(key)
+    assert len(queries) == 0
+
+
+def test_an_operation_with_nul_fails_before_any_query() -> None:
+    with CaptureQueriesContext(connection) as queries, pytest.raises(ValueError, match="NUL"):
+        service.claim(SCOPE, "evt_1", "tests.\x00")
     assert len(queries) == 0
 
 

@@ -121,6 +121,9 @@ IDEMPOTENCY = {
     "TTL": 24 * 3600,
     "LEASE": 30,
     "TRANSIENT_ERROR_TTL": 10,
+    # No cron needed for the example: a finished request sweeps expired keys
+    # at most every 5 minutes (each round shows in the admin).
+    "AUTO_SWEEP_INTERVAL": 300,
 }
 
 LOGGING = {

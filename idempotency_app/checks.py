@@ -25,6 +25,7 @@ DURATION_KEYS = (
     "TRANSIENT_ERROR_TTL",
     "WAIT_FOR_IN_FLIGHT",
     "CACHE_RETRY_INTERVAL",
+    "AUTO_SWEEP_INTERVAL",
 )
 
 
@@ -87,10 +88,16 @@ def _check_bounds() -> list[CheckMessage]:
                 id="idempotency_app.E005",
             )
         )
-    if conf.TRANSIENT_ERROR_TTL < 0 or conf.WAIT_FOR_IN_FLIGHT < 0 or conf.CACHE_RETRY_INTERVAL < 0:
+    optional = (
+        "TRANSIENT_ERROR_TTL",
+        "WAIT_FOR_IN_FLIGHT",
+        "CACHE_RETRY_INTERVAL",
+        "AUTO_SWEEP_INTERVAL",
+    )
+    if any(getattr(conf, name) < 0 for name in optional):
         errors.append(
             Error(
-                "IDEMPOTENCY durations TRANSIENT_ERROR_TTL, WAIT_FOR_IN_FLIGHT and CACHE_RETRY_INTERVAL cannot be negative.",
+                "IDEMPOTENCY durations TRANSIENT_ERROR_TTL, WAIT_FOR_IN_FLIGHT, CACHE_RETRY_INTERVAL and AUTO_SWEEP_INTERVAL cannot be negative.",
                 id="idempotency_app.E006",
             )
         )

@@ -30,6 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_BODY_BYTES": 1024 * 1024,
     "WAIT_FOR_IN_FLIGHT": 0,
     "CACHE_RETRY_INTERVAL": 5,
+    "AUTO_SWEEP_INTERVAL": 0,
 }
 
 # Representation headers: what a client needs to read a replayed body the way
@@ -150,6 +151,10 @@ class Settings:
     @property
     def CACHE_RETRY_INTERVAL(self) -> float:
         return to_seconds(self._get("CACHE_RETRY_INTERVAL"))
+
+    @property
+    def AUTO_SWEEP_INTERVAL(self) -> float:
+        return to_seconds(self._get("AUTO_SWEEP_INTERVAL"))
 
 
 def resolve_callable(value: str | Callable[..., Any]) -> Callable[..., Any]:

@@ -32,9 +32,10 @@ def test_unknown_key_is_an_error_naming_it() -> None:
     assert "TTLL" in message.msg
 
 
+@pytest.mark.parametrize("name", ["TTL", "AUTO_SWEEP_INTERVAL"])
 @pytest.mark.parametrize("value", ["60", None, True])
-def test_duration_must_be_a_number_or_timedelta(value: Any) -> None:
-    assert "idempotency_app.E003" in ids(IDEMPOTENCY={"TTL": value})
+def test_duration_must_be_a_number_or_timedelta(name: str, value: Any) -> None:
+    assert "idempotency_app.E003" in ids(IDEMPOTENCY={name: value})
 
 
 @pytest.mark.parametrize(
@@ -49,8 +50,13 @@ def test_lease_bounds(lease: float, ok: bool) -> None:
     assert ("idempotency_app.E005" not in ids(IDEMPOTENCY={"TTL": 3600, "LEASE": lease})) is ok
 
 
-def test_negative_durations() -> None:
-    assert "idempotency_app.E006" in ids(IDEMPOTENCY={"TRANSIENT_ERROR_TTL": -1})
+@pytest.mark.parametrize(
+    "name",
+    ["TRANSIENT_ERROR_TTL", "WAIT_FOR_IN_FLIGHT", "CACHE_RETRY_INTERVAL", "AUTO_SWEEP_INTERVAL"],
+)
+def test_negative_durations(name: str) -> None:
+    assert "idempotency_app.E006" in ids(IDEMPOTENCY={name: -1})
+    assert "idempotency_app.E006" not in ids(IDEMPOTENCY={name: 0})
 
 
 def test_wait_must_be_shorter_than_lease() -> None:

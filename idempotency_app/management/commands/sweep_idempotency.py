@@ -1,47 +1,24 @@
 """Delete expired idempotency records and claims abandoned long ago.
 
-Safe to run from cron while traffic flows. Each batch is one short
-transaction: select up to ``--batch-size`` primary keys in pk order after the
-previous batch (keyset, so no row is visited twice and memory stays flat),
-then delete that pk range with the same condition repeated in the DELETE. A
-record re-claimed or completed between the two statements no longer matches
-and is kept. The condition is judged against one instant taken at the start,
-so a run that lasts minutes never deletes more than it would have at once.
+Safe to run from cron while traffic flows: see ``idempotency_app.sweep`` for
+how each batch decides, in its own short transaction, what to delete.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections, transaction
+from django.db import connections
 from django.db.models import Q
 
 from idempotency_app import clock
 from idempotency_app.conf import conf
-from idempotency_app.models import IdempotencyRecord
+from idempotency_app.sweep import DEFAULT_BATCH, batches, expired, stale
 
 MIN_BATCH = 1
 MAX_BATCH = 100_000
-DEFAULT_BATCH = 5000
-
-
-def expired(now: datetime) -> Q:
-    """Past its replay window, and not held by a live lease (a claim whose
-    lease was renewed beyond its expiry is still someone's)."""
-    return Q(expires_at__lte=now) & (Q(locked_until__isnull=True) | Q(locked_until__lte=now))
-
-
-def stale(now: datetime, grace: float) -> Q:
-    """An in-progress claim inside its window whose lease lapsed more than
-    ``grace`` seconds ago: its worker is gone, a retry would take it over."""
-    return Q(
-        status=IdempotencyRecord.Status.IN_PROGRESS,
-        locked_until__lte=now - timedelta(seconds=grace),
-        expires_at__gt=now,
-    )
 
 
 @dataclass
@@ -141,29 +118,15 @@ class Command(BaseCommand):
         return stale_after
 
     def _sweep(self, what: str, condition: Q, batch_size: int, using: str, budget: Budget) -> int:
-        records = IdempotencyRecord.objects.using(using)
         total = 0
-        batch = 0
-        after: int | None = None
-        while not budget.exhausted():
-            with transaction.atomic(using=using):
-                candidates = records.filter(condition)
-                if after is not None:
-                    candidates = candidates.filter(pk__gt=after)
-                pks = list(candidates.order_by("pk").values_list("pk", flat=True)[:batch_size])
-                if not pks:
-                    break
-                after = pks[-1]
-                if self.dry_run:
-                    count = len(pks)
-                else:
-                    count, _ = records.filter(condition, pk__gte=pks[0], pk__lte=after).delete()
+        if budget.exhausted():
+            return total
+        for batch, count in enumerate(batches(condition, batch_size, using, self.dry_run), 1):
             budget.spend()
             total += count
-            batch += 1
             if self.verbosity >= 2:
                 verb = "would delete" if self.dry_run else "deleted"
                 self.stdout.write(f"Batch {batch}: {verb} {count} {what} ({total} so far).")
-            if len(pks) < batch_size:
+            if budget.exhausted():
                 break
         return total

@@ -1,0 +1,128 @@
+"""Deleting what the table no longer needs: records past their expiry and
+in-progress claims abandoned long ago.
+
+``manage.py sweep_idempotency`` runs it to the end; ``AUTO_SWEEP_INTERVAL``
+runs one bounded round after a request, at most once per interval across
+all processes.
+
+Each batch is one short transaction: select up to ``batch_size`` primary keys
+in pk order after the previous batch (keyset, so no row is visited twice and
+memory stays flat), then delete that pk range with the same condition
+repeated in the DELETE. A record re-claimed or completed between the two
+statements no longer matches and is kept. The condition is judged against
+one instant given by the caller, so a run that lasts minutes never deletes
+more than it would have at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+
+from idempotency_app import clock, service
+from idempotency_app.conf import conf
+from idempotency_app.models import IdempotencyRecord
+
+logger = logging.getLogger("idempotency_app")
+
+DEFAULT_BATCH = 5000
+# The automatic sweep's own record: its key names the interval, so the unique
+# constraint lets one process per interval sweep, whatever the process count.
+AUTO_SWEEP_SCOPE = "idempotency_app"
+AUTO_SWEEP_OPERATION = "idempotency_app.sweep"
+
+
+def expired(now: datetime) -> Q:
+    """Past its replay window, and not held by a live lease (a claim whose
+    lease was renewed beyond its expiry is still someone's)."""
+    return Q(expires_at__lte=now) & (Q(locked_until__isnull=True) | Q(locked_until__lte=now))
+
+
+def stale(now: datetime, grace: float) -> Q:
+    """An in-progress claim inside its window whose lease lapsed more than
+    ``grace`` seconds ago: its worker is gone, a retry would take it over."""
+    return Q(
+        status=IdempotencyRecord.Status.IN_PROGRESS,
+        locked_until__lte=now - timedelta(seconds=grace),
+        expires_at__gt=now,
+    )
+
+
+def batches(condition: Q, batch_size: int, using: str, dry_run: bool = False) -> Iterator[int]:
+    """Delete the records matching ``condition`` a batch at a time, yielding
+    each batch's count; stop iterating to stop deleting. ``dry_run`` counts
+    what would go and deletes nothing."""
+    records = IdempotencyRecord.objects.using(using)
+    after: int | None = None
+    while True:
+        with transaction.atomic(using=using):
+            candidates = records.filter(condition)
+            if after is not None:
+                candidates = candidates.filter(pk__gt=after)
+            pks = list(candidates.order_by("pk").values_list("pk", flat=True)[:batch_size])
+            if not pks:
+                return
+            after = pks[-1]
+            if dry_run:
+                count = len(pks)
+            else:
+                count, _ = records.filter(condition, pk__gte=pks[0], pk__lte=after).delete()
+        yield count
+        if len(pks) < batch_size:
+            return
+
+
+# Seconds since the epoch before which this process will not try again.
+_next_attempt = 0.0
+
+
+def sweep_after_request(**kwargs: Any) -> None:
+    """``request_finished`` receiver: the response has gone out, so a due
+    sweep costs this worker a moment before its next request, not a client.
+    A failure is logged and left for the next interval."""
+    global _next_attempt
+    interval = conf.AUTO_SWEEP_INTERVAL
+    if interval <= 0 or not conf.ENABLED:
+        return
+    now = clock.now()
+    if now.timestamp() < _next_attempt:
+        return
+    _next_attempt = now.timestamp() + interval
+    try:
+        auto_sweep(now, interval)
+    except Exception as exc:
+        logger.warning("The automatic idempotency sweep failed; it will try again: %s", exc)
+
+
+def auto_sweep(now: datetime, interval: float) -> dict[str, int] | None:
+    """One bounded round (a batch of expired records, a batch of stale
+    claims), unless another process already took this interval's round.
+    Returns what was deleted, or None when it was not this process's turn."""
+    window = int(now.timestamp() // interval)
+    try:
+        held = service.claim(
+            AUTO_SWEEP_SCOPE, f"sweep:{window}", AUTO_SWEEP_OPERATION, ttl=interval, wait=0
+        )
+    except service.KeyInProgress:
+        return None
+    if isinstance(held, service.Done):
+        return None
+    using = conf.DATABASE_ALIAS
+    deleted = {
+        "expired": next(batches(expired(now), DEFAULT_BATCH, using), 0),
+        "stale": next(batches(stale(now, conf.LEASE), DEFAULT_BATCH, using), 0),
+    }
+    service.complete(held, deleted)
+    if DEFAULT_BATCH in deleted.values():
+        logger.warning(
+            "The automatic idempotency sweep deleted a full batch and more may remain: "
+            "shorten AUTO_SWEEP_INTERVAL or schedule manage.py sweep_idempotency."
+        )
+    else:
+        logger.info("The automatic idempotency sweep deleted %s.", deleted)
+    return deleted

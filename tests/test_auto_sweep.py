@@ -1,0 +1,116 @@
+"""AUTO_SWEEP_INTERVAL: a bounded sweep after a request, once per interval
+across processes, off by default."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import DatabaseError, connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext, override_settings
+
+from idempotency_app import clock, service, sweep
+from idempotency_app.models import IdempotencyRecord
+from tests.test_sweep import IN_PROGRESS, LEASE, NOW, keys, make
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+INTERVAL = 300
+
+
+@pytest.fixture(autouse=True)
+def fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts as a process that has never swept."""
+    monkeypatch.setattr(sweep, "_next_attempt", 0.0)
+
+
+def request(at: Any = NOW) -> int:
+    """Any request will do: the sweep runs once its response has gone out."""
+    with clock.freeze(at):
+        return Client().get("/any-page/").status_code
+
+
+def sweep_records() -> list[IdempotencyRecord]:
+    return list(IdempotencyRecord.objects.filter(scope=sweep.AUTO_SWEEP_SCOPE))
+
+
+def user_keys() -> set[str]:
+    return {k for k in keys() if not k.startswith("sweep:")}
+
+
+@pytest.fixture
+def mixed() -> None:
+    make("expired", expires_in=-1)
+    make("stale", IN_PROGRESS, lease_left=-LEASE - 1)
+    make("live", expires_in=60)
+    make("live-claim", IN_PROGRESS, lease_left=30)
+
+
+def test_off_by_default(mixed: None) -> None:
+    with CaptureQueriesContext(connection) as queries:
+        request()
+    assert user_keys() == {"expired", "stale", "live", "live-claim"}
+    assert not [q for q in queries.captured_queries if "idempotency" in q["sql"]]
+
+
+@override_settings(IDEMPOTENCY={"AUTO_SWEEP_INTERVAL": INTERVAL})
+def test_a_request_sweeps_expired_records_and_stale_claims(mixed: None) -> None:
+    assert request() == 404, "the request itself is answered as usual"
+    assert user_keys() == {"live", "live-claim"}
+    [record] = sweep_records()
+    assert record.status == "completed"
+    with clock.freeze(NOW):
+        entry = service.lookup(sweep.AUTO_SWEEP_SCOPE, record.key)
+    assert entry is not None and entry.operation == sweep.AUTO_SWEEP_OPERATION
+    assert entry.result == {"expired": 1, "stale": 1}
+
+
+@override_settings(IDEMPOTENCY={"AUTO_SWEEP_INTERVAL": INTERVAL})
+def test_one_round_per_interval_however_many_processes() -> None:
+    request()
+    make("expired-later", expires_in=-1)
+    request(NOW + timedelta(seconds=10))
+    assert "expired-later" in user_keys(), "this process waits out its interval"
+    sweep._next_attempt = 0.0  # another process, which has not swept yet
+    request(NOW + timedelta(seconds=20))
+    assert "expired-later" in user_keys(), "the interval's round was taken"
+    request(NOW + timedelta(seconds=INTERVAL + 20))
+    assert "expired-later" not in user_keys(), "a new interval, a new round"
+    request(NOW + timedelta(seconds=3 * INTERVAL))
+    assert len(sweep_records()) == 1, "each round deletes the records of rounds before"
+
+
+@override_settings(IDEMPOTENCY={"AUTO_SWEEP_INTERVAL": INTERVAL})
+def test_a_round_deletes_one_batch_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sweep, "DEFAULT_BATCH", 2)
+    for n in range(3):
+        make(f"expired-{n}", expires_in=-1)
+    request()
+    assert len(user_keys()) == 1
+
+
+@override_settings(IDEMPOTENCY={"AUTO_SWEEP_INTERVAL": INTERVAL})
+def test_a_failing_sweep_is_logged_and_the_next_interval_tries_again(
+    mixed: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: Any) -> None:
+        raise DatabaseError("connection lost")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sweep, "auto_sweep", broken)
+        assert request() == 404
+    assert "The automatic idempotency sweep failed" in caplog.text
+    assert "connection lost" in caplog.text
+    request(NOW + timedelta(seconds=1))
+    assert "expired" in user_keys(), "no retry on every request after a failure"
+    request(NOW + timedelta(seconds=INTERVAL))
+    assert "expired" not in user_keys()
+
+
+@override_settings(IDEMPOTENCY={"AUTO_SWEEP_INTERVAL": INTERVAL, "ENABLED": False})
+def test_disabled_means_nothing_is_read_or_written(mixed: None) -> None:
+    request()
+    assert user_keys() == {"expired", "stale", "live", "live-claim"}
+    assert not sweep_records()

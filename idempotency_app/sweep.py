@@ -84,16 +84,17 @@ _next_attempt = 0.0
 def sweep_after_request(**kwargs: Any) -> None:
     """``request_finished`` receiver: the response has gone out, so a due
     sweep costs this worker a moment before its next request, not a client.
-    A failure is logged and left for the next interval."""
+    Nothing here may raise into the server: a failure (even a malformed
+    setting) is logged and left for the next interval."""
     global _next_attempt
-    interval = conf.AUTO_SWEEP_INTERVAL
-    if interval <= 0 or not conf.ENABLED:
-        return
-    now = clock.now()
-    if now.timestamp() < _next_attempt:
-        return
-    _next_attempt = now.timestamp() + interval
     try:
+        interval = conf.AUTO_SWEEP_INTERVAL
+        if interval <= 0 or not conf.ENABLED:
+            return
+        now = clock.now()
+        if now.timestamp() < _next_attempt:
+            return
+        _next_attempt = now.timestamp() + interval
         auto_sweep(now, interval)
     except Exception as exc:
         logger.warning("The automatic idempotency sweep failed; it will try again: %s", exc)

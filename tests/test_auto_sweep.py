@@ -114,3 +114,9 @@ def test_disabled_means_nothing_is_read_or_written(mixed: None) -> None:
     request()
     assert user_keys() == {"expired", "stale", "live", "live-claim"}
     assert not sweep_records()
+
+
+@override_settings(IDEMPOTENCY={"AUTO_SWEEP_INTERVAL": "5 minutes"})
+def test_a_malformed_interval_never_fails_a_request(caplog: pytest.LogCaptureFixture) -> None:
+    assert request() == 404
+    assert "The automatic idempotency sweep failed" in caplog.text

@@ -506,7 +506,9 @@ def slow_handler(calls: list[str], **options: Any) -> Callable[..., Any]:
     def handle(event: dict[str, Any]) -> dict[str, Any]:
         calls.append(event["id"])
         row = Charge.objects.create(label="a", amount=1)
-        threading.Event().wait(0.3)
+        # Long enough that every thread of a test meets the claim in progress,
+        # even on a loaded machine.
+        threading.Event().wait(1)
         LedgerEntry.objects.create(charge=row, amount=1)
         return {"charge": row.pk}
 
@@ -516,7 +518,7 @@ def slow_handler(calls: list[str], **options: Any) -> Callable[..., Any]:
 @needs_server_db
 def test_ten_concurrent_deliveries_in_threads_run_once() -> None:
     calls: list[str] = []
-    handle = slow_handler(calls, wait=10)
+    handle = slow_handler(calls, wait=30)
     results = in_threads(10, lambda: handle({"id": "evt_1"}))
     assert calls == ["evt_1"]
     assert all(r == results[0] for r in results), results
@@ -624,7 +626,7 @@ def test_a_worker_whose_claim_was_taken_over_rolls_back() -> None:
 def _deliver_in_child(key: str, results: Any) -> None:
     connections.close_all()
     try:
-        handle = slow_handler([], wait=10)
+        handle = slow_handler([], wait=30)
         results.put(handle({"id": key}))
     except Exception as exc:
         results.put(repr(exc))

@@ -106,10 +106,13 @@ def claim(identity: Identity, policy: Policy) -> Decision:
         try:
             return _claim(identity, policy, deadline)
         except Error as exc:
-            nested = connections[policy.using].in_atomic_block
-            if nested:
+            connection = connections[policy.using]
+            if connection.in_atomic_block:
                 # The failed statement spoiled the enclosing savepoint.
                 transaction.set_rollback(True, using=policy.using)
+            # Inside any transaction, a deadlock may have rolled back more
+            # than our statement: retrying there would build on lost work.
+            nested = connection.in_atomic_block or not connection.get_autocommit()
             if not _is_lock_conflict(exc):
                 logger.error("Idempotency claim failed for %s: %s", identity.key, exc)
                 raise StoreUnavailable(str(exc)) from exc

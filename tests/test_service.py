@@ -583,6 +583,25 @@ def test_a_lock_timeout_while_claiming_is_retried_within_the_wait(
 
 
 @needs_server_db
+def test_a_lock_timeout_in_a_hand_managed_transaction_is_not_retried() -> None:
+    """With autocommit off, the server may have rolled back the caller's
+    earlier work with the failed statement: answer at once, let them decide."""
+    thread = holding_an_uncommitted_claim(1.5)
+
+    def claim_without_autocommit() -> Any:
+        transaction.set_autocommit(False)
+        try:
+            return claim_with_a_short_lock_wait(wait=10)
+        finally:
+            transaction.rollback()
+            transaction.set_autocommit(True)
+
+    [outcome] = in_threads(1, claim_without_autocommit)
+    thread.join(10)
+    assert isinstance(outcome, service.KeyInProgress), outcome
+
+
+@needs_server_db
 def test_a_lock_timeout_without_a_wait_is_a_conflict() -> None:
     thread = holding_an_uncommitted_claim(1.5)
     [outcome] = in_threads(1, lambda: claim_with_a_short_lock_wait(wait=0))

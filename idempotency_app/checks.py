@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -94,10 +95,10 @@ def _check_bounds() -> list[CheckMessage]:
         "CACHE_RETRY_INTERVAL",
         "AUTO_SWEEP_INTERVAL",
     )
-    if any(getattr(conf, name) < 0 for name in optional):
+    if not all(0 <= getattr(conf, name) < math.inf for name in optional):
         errors.append(
             Error(
-                "IDEMPOTENCY durations TRANSIENT_ERROR_TTL, WAIT_FOR_IN_FLIGHT, CACHE_RETRY_INTERVAL and AUTO_SWEEP_INTERVAL cannot be negative.",
+                "IDEMPOTENCY durations TRANSIENT_ERROR_TTL, WAIT_FOR_IN_FLIGHT, CACHE_RETRY_INTERVAL and AUTO_SWEEP_INTERVAL must be finite and not negative.",
                 id="idempotency_app.E006",
             )
         )
@@ -107,6 +108,14 @@ def _check_bounds() -> list[CheckMessage]:
                 "IDEMPOTENCY['WAIT_FOR_IN_FLIGHT'] must be shorter than LEASE.",
                 hint="A duplicate should give up waiting before the first request's lease can lapse.",
                 id="idempotency_app.E007",
+            )
+        )
+    if 0 < conf.AUTO_SWEEP_INTERVAL < 1:
+        errors.append(
+            Error(
+                f"IDEMPOTENCY['AUTO_SWEEP_INTERVAL'] is {conf.AUTO_SWEEP_INTERVAL:g}s; use 0 (off) or at least 1s.",
+                hint="Each round costs a few statements; minutes are typical.",
+                id="idempotency_app.E016",
             )
         )
     max_body = conf.user_settings.get("MAX_BODY_BYTES", DEFAULTS["MAX_BODY_BYTES"])

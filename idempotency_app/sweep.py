@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Q
 
-from idempotency_app import clock, service
+from idempotency_app import clock, core, service
 from idempotency_app.conf import conf
 from idempotency_app.models import IdempotencyRecord
 
@@ -91,11 +91,22 @@ def sweep_after_request(**kwargs: Any) -> None:
         interval = conf.AUTO_SWEEP_INTERVAL
         if interval <= 0 or not conf.ENABLED:
             return
-        now = clock.now()
-        if now.timestamp() < _next_attempt:
+        connection = connections[conf.DATABASE_ALIAS]
+        if connection.in_atomic_block:
+            # Someone's transaction is still open (a test wrapping requests
+            # in one, say): a round there would commit or roll back with it.
             return
-        _next_attempt = now.timestamp() + interval
-        auto_sweep(now, interval)
+        now = clock.now().timestamp()
+        # A clock stepped back by more than an interval does not stall us.
+        if now < _next_attempt <= now + interval:
+            return
+        _next_attempt = now + interval
+        try:
+            auto_sweep(clock.now(), interval)
+        finally:
+            # Django closed the request's connections before this receiver
+            # ran; close ours the same way rather than leave it idle.
+            connection.close_if_unusable_or_obsolete()
     except Exception as exc:
         logger.warning("The automatic idempotency sweep failed; it will try again: %s", exc)
 
@@ -114,11 +125,15 @@ def auto_sweep(now: datetime, interval: float) -> dict[str, int] | None:
     if isinstance(held, service.Done):
         return None
     using = conf.DATABASE_ALIAS
-    deleted = {
-        "expired": next(batches(expired(now), DEFAULT_BATCH, using), 0),
-        "stale": next(batches(stale(now, conf.LEASE), DEFAULT_BATCH, using), 0),
-    }
-    service.complete(held, deleted)
+    try:
+        deleted = {
+            "expired": next(batches(expired(now), DEFAULT_BATCH, using), 0),
+            "stale": next(batches(stale(now, conf.LEASE), DEFAULT_BATCH, using), 0),
+        }
+        service.complete(held, deleted)
+    except BaseException:
+        core.release_quietly(held.core_claim())
+        raise
     if DEFAULT_BATCH in deleted.values():
         logger.warning(
             "The automatic idempotency sweep deleted a full batch and more may remain: "

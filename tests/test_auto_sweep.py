@@ -3,21 +3,26 @@ across processes, off by default."""
 
 from __future__ import annotations
 
+import io
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, connection
+from django.core.handlers.wsgi import WSGIHandler
+from django.core.signals import request_finished
+from django.db import DatabaseError, connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext, override_settings
 
 from idempotency_app import clock, service, sweep
 from idempotency_app.models import IdempotencyRecord
+from tests.conftest import needs_server_db
 from tests.test_sweep import IN_PROGRESS, LEASE, NOW, keys, make
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 INTERVAL = 300
+AUTO_SWEEP_UID = "idempotency_app.auto_sweep"
 
 
 @pytest.fixture(autouse=True)
@@ -120,3 +125,63 @@ def test_disabled_means_nothing_is_read_or_written(mixed: None) -> None:
 def test_a_malformed_interval_never_fails_a_request(caplog: pytest.LogCaptureFixture) -> None:
     assert request() == 404
     assert "The automatic idempotency sweep failed" in caplog.text
+
+
+@override_settings(IDEMPOTENCY={"AUTO_SWEEP_INTERVAL": INTERVAL})
+def test_a_failed_round_gives_its_interval_back(
+    mixed: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: Any) -> Any:
+        raise DatabaseError("statement timeout")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sweep, "batches", broken)
+        request()
+    assert "statement timeout" in caplog.text
+    assert not sweep_records(), "no round left in progress for the admin to show as stuck"
+    sweep._next_attempt = 0.0  # another process, in the same interval
+    request(NOW + timedelta(seconds=1))
+    assert user_keys() == {"live", "live-claim"}
+
+
+@override_settings(IDEMPOTENCY={"AUTO_SWEEP_INTERVAL": INTERVAL})
+def test_no_round_inside_an_open_transaction(mixed: None) -> None:
+    with transaction.atomic():
+        request()
+        assert not sweep_records()
+    assert "expired" in user_keys()
+    request()
+    assert "expired" not in user_keys(), "the next request outside it sweeps"
+
+
+@override_settings(IDEMPOTENCY={"AUTO_SWEEP_INTERVAL": INTERVAL})
+def test_a_clock_stepped_back_does_not_stall_the_process(mixed: None) -> None:
+    request(NOW + timedelta(days=1))
+    make("expired-later", expires_in=-1)
+    request()
+    assert "expired-later" not in user_keys()
+
+
+@needs_server_db
+@override_settings(IDEMPOTENCY={"AUTO_SWEEP_INTERVAL": INTERVAL})
+def test_the_rounds_connection_is_closed_like_the_requests(mixed: None) -> None:
+    """Through the real WSGI handler: Django's own receiver closes the
+    request's connections before the round opens one."""
+    environ = {
+        "REQUEST_METHOD": "GET",
+        "PATH_INFO": "/any-page/",
+        "SERVER_NAME": "testserver",
+        "SERVER_PORT": "80",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(),
+    }
+    # As in a server process: Django's receiver first, ours after it. (The
+    # test client moves Django's to the end each time it is used.)
+    request_finished.disconnect(dispatch_uid=AUTO_SWEEP_UID)
+    request_finished.connect(sweep.sweep_after_request, dispatch_uid=AUTO_SWEEP_UID)
+    with clock.freeze(NOW):
+        response = WSGIHandler()(environ, lambda status, headers: None)
+        response.close()
+    assert connection.connection is None, "the round closed its connection"
+    assert user_keys() == {"live", "live-claim"}, "after it ran"

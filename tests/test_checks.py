@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from typing import Any
 
@@ -54,9 +55,15 @@ def test_lease_bounds(lease: float, ok: bool) -> None:
     "name",
     ["TRANSIENT_ERROR_TTL", "WAIT_FOR_IN_FLIGHT", "CACHE_RETRY_INTERVAL", "AUTO_SWEEP_INTERVAL"],
 )
-def test_negative_durations(name: str) -> None:
-    assert "idempotency_app.E006" in ids(IDEMPOTENCY={name: -1})
+def test_negative_or_endless_durations(name: str) -> None:
+    for bad in (-1, math.nan, math.inf):
+        assert "idempotency_app.E006" in ids(IDEMPOTENCY={name: bad}), bad
     assert "idempotency_app.E006" not in ids(IDEMPOTENCY={name: 0})
+
+
+@pytest.mark.parametrize(("interval", "ok"), [(0, True), (0.5, False), (1, True), (3600, True)])
+def test_auto_sweep_interval_is_off_or_at_least_a_second(interval: float, ok: bool) -> None:
+    assert ("idempotency_app.E016" not in ids(IDEMPOTENCY={"AUTO_SWEEP_INTERVAL": interval})) is ok
 
 
 def test_wait_must_be_shorter_than_lease() -> None:

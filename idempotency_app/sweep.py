@@ -96,13 +96,14 @@ def sweep_after_request(**kwargs: Any) -> None:
             # Someone's transaction is still open (a test wrapping requests
             # in one, say): a round there would commit or roll back with it.
             return
-        now = clock.now().timestamp()
+        now = clock.now()
+        seconds = now.timestamp()
         # A clock stepped back by more than an interval does not stall us.
-        if now < _next_attempt <= now + interval:
+        if seconds < _next_attempt <= seconds + interval:
             return
-        _next_attempt = now + interval
+        _next_attempt = seconds + interval
         try:
-            auto_sweep(clock.now(), interval)
+            auto_sweep(now, interval)
         finally:
             # Django closed the request's connections before this receiver
             # ran; close ours the same way rather than leave it idle.

@@ -4,13 +4,14 @@ across processes, off by default."""
 from __future__ import annotations
 
 import io
+import multiprocessing
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext, override_settings
 
@@ -185,3 +186,36 @@ def test_the_rounds_connection_is_closed_like_the_requests(mixed: None) -> None:
         response.close()
     assert connection.connection is None, "the round closed its connection"
     assert user_keys() == {"live", "live-claim"}, "after it ran"
+
+
+def _round_in_child(start: Any, outcomes: Any) -> None:
+    try:
+        start.wait(30)
+        outcomes.put(sweep.auto_sweep(NOW, INTERVAL))
+    except Exception as exc:
+        outcomes.put(repr(exc))
+    finally:
+        connections.close_all()
+
+
+@needs_server_db
+@pytest.mark.slow
+@override_settings(IDEMPOTENCY={"AUTO_SWEEP_INTERVAL": INTERVAL})
+def test_processes_racing_for_one_interval_sweep_once(mixed: None) -> None:
+    context = multiprocessing.get_context("fork")
+    connections.close_all()  # a child closing an inherited connection would end ours
+    start, outcomes = context.Event(), context.Queue()
+    with clock.freeze(NOW):
+        children = [
+            context.Process(target=_round_in_child, args=(start, outcomes)) for _ in range(6)
+        ]
+        for child in children:
+            child.start()
+        start.set()
+        results = [outcomes.get(timeout=60) for _ in children]
+        for child in children:
+            child.join(10)
+    rounds = [r for r in results if r is not None]
+    assert rounds == [{"expired": 1, "stale": 1}], results
+    assert user_keys() == {"live", "live-claim"}
+    assert len(sweep_records()) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import multiprocessing
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -40,6 +41,15 @@ def request(at: Any = NOW) -> int:
 
 def sweep_records() -> list[IdempotencyRecord]:
     return list(IdempotencyRecord.objects.filter(scope=sweep.AUTO_SWEEP_SCOPE))
+
+
+def failing(message: str) -> Callable[..., Any]:
+    """A stand-in for a sweep step whose database gave up."""
+
+    def fail(*args: Any) -> Any:
+        raise DatabaseError(message)
+
+    return fail
 
 
 def user_keys() -> set[str]:
@@ -101,11 +111,8 @@ def test_a_round_deletes_one_batch_at_most(monkeypatch: pytest.MonkeyPatch) -> N
 def test_a_failing_sweep_is_logged_and_the_next_interval_tries_again(
     mixed: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(*args: Any) -> None:
-        raise DatabaseError("connection lost")
-
     with monkeypatch.context() as patch:
-        patch.setattr(sweep, "auto_sweep", broken)
+        patch.setattr(sweep, "auto_sweep", failing("connection lost"))
         assert request() == 404
     assert "The automatic idempotency sweep failed" in caplog.text
     assert "connection lost" in caplog.text
@@ -132,11 +139,8 @@ def test_a_malformed_interval_never_fails_a_request(caplog: pytest.LogCaptureFix
 def test_a_failed_round_gives_its_interval_back(
     mixed: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(*args: Any) -> Any:
-        raise DatabaseError("statement timeout")
-
     with monkeypatch.context() as patch:
-        patch.setattr(sweep, "batches", broken)
+        patch.setattr(sweep, "batches", failing("statement timeout"))
         request()
     assert "statement timeout" in caplog.text
     assert not sweep_records(), "no round left in progress for the admin to show as stuck"

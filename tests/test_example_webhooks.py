@@ -1,4 +1,5 @@
-"""The example project's webhook receiver and its batch command."""
+"""The example project: its webhook receiver, its batch command and the
+charges endpoint's demo delay."""
 
 from __future__ import annotations
 
@@ -230,3 +231,33 @@ def test_a_malformed_line_stops_the_batch_before_any_work(
     with pytest.raises(CommandError, match="Line 2"):
         call_command("process_events", str(path), stdout=StringIO())
     assert not IdempotencyRecord.objects.exists()
+
+
+# -- the charges endpoint's demo delay ----------------------------------------------
+
+
+def charge_with_delay(account: Any, delay: str) -> Any:
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.force_authenticate(account.owner)
+    with override_settings(DEBUG=True):
+        return client.post(
+            f"/api/accounts/{account.pk}/charges/?simulate_delay={delay}",
+            {"amount": 100},
+            format="json",
+            HTTP_IDEMPOTENCY_KEY=f"delay-{delay}",
+        )
+
+
+def test_a_simulated_delay_still_charges(payments: Any, account: Any) -> None:
+    assert charge_with_delay(account, "0.01").status_code == 201
+    assert balance(account) == -100
+
+
+@pytest.mark.parametrize("delay", ["soon", "nan", "-1", "31"])
+def test_a_bad_simulated_delay_is_a_client_error(payments: Any, account: Any, delay: str) -> None:
+    response = charge_with_delay(account, delay)
+    assert response.status_code == 400, response.content
+    assert "simulate_delay" in response.json()
+    assert balance(account) == 0

@@ -9,6 +9,7 @@ from django.db.models import F, QuerySet
 from django.shortcuts import get_object_or_404
 from rest_framework import status, viewsets
 from rest_framework.decorators import api_view
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -35,6 +36,25 @@ class AccountViewSet(IdempotentMixin, viewsets.ModelViewSet[Account]):
         serializer.save(owner=self.request.user)
 
 
+MAX_SIMULATED_DELAY = 30
+
+
+def simulated_delay(request: Request) -> float:
+    """Seconds asked for by ``?simulate_delay=`` (honoured with DEBUG on only)."""
+    raw = request.query_params.get("simulate_delay")
+    if not settings.DEBUG or raw is None:
+        return 0.0
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= MAX_SIMULATED_DELAY:  # also refuses nan
+        raise ValidationError(
+            {"simulate_delay": [f"A number of seconds from 0 to {MAX_SIMULATED_DELAY}."]}
+        )
+    return seconds
+
+
 @api_view(["POST"])
 @idempotent(required=True)
 def create_charge(request: Request, account_id: int) -> Response:
@@ -44,8 +64,7 @@ def create_charge(request: Request, account_id: int) -> Response:
     what a concurrent duplicate gets (409, or a replay with WAIT_FOR_IN_FLIGHT).
     """
     account = get_object_or_404(Account, pk=account_id, owner=request.user)
-    if settings.DEBUG and "simulate_delay" in request.query_params:
-        time.sleep(min(float(request.query_params["simulate_delay"]), 30))
+    time.sleep(simulated_delay(request))
     serializer = ChargeSerializer(data=request.data)
     serializer.is_valid(raise_exception=True)
     charge = serializer.save(account=account)

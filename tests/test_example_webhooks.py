@@ -233,6 +233,16 @@ def test_a_malformed_line_stops_the_batch_before_any_work(
     assert not IdempotencyRecord.objects.exists()
 
 
+def test_a_file_that_is_not_utf8_is_refused_before_any_work(
+    payments: Any, account: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "e.jsonl"
+    path.write_bytes(json.dumps(event("evt_1", account)).encode() + b"\n\xff\xfe\n")
+    with pytest.raises(CommandError, match="not UTF-8 text"):
+        call_command("process_events", str(path), stdout=StringIO())
+    assert not IdempotencyRecord.objects.exists()
+
+
 # -- the charges endpoint's demo delay ----------------------------------------------
 
 

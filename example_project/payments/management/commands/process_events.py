@@ -23,14 +23,17 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         provider: str = options["provider"]
         verbosity: int = options["verbosity"]
-        if options["path"] == "-":
-            events = read_events(sys.stdin)
-        else:
-            try:
-                with open(options["path"], encoding="utf-8") as lines:
+        path: str = options["path"]
+        try:
+            if path == "-":
+                events = read_events(sys.stdin)
+            else:
+                with open(path, encoding="utf-8") as lines:
                     events = read_events(lines)
-            except OSError as exc:
-                raise CommandError(f"Cannot read {options['path']}: {exc.strerror}.") from exc
+        except OSError as exc:
+            raise CommandError(f"Cannot read {path}: {exc.strerror}.") from exc
+        except UnicodeDecodeError as exc:
+            raise CommandError(f"{path} is not UTF-8 text ({exc.reason}).") from exc
         # One query tells which events are done; the claim in process_event
         # stays the arbiter for the rest (another worker may be on them).
         done = service.lookup_many(scope_for(provider), events)

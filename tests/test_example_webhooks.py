@@ -141,7 +141,7 @@ def test_unhandled_and_impossible_events_are_answered_once(payments: Any, accoun
     assert IdempotencyRecord.objects.filter(status="completed").count() == 2
 
 
-@pytest.mark.parametrize("case", ["signature", "provider", "json", "id"])
+@pytest.mark.parametrize("case", ["signature", "provider", "json", "id", "nul-id"])
 def test_bad_deliveries_are_refused_and_not_recorded(
     payments: Any, account: Any, case: str
 ) -> None:
@@ -152,6 +152,8 @@ def test_bad_deliveries_are_refused_and_not_recorded(
         response = send(webhooks, event("evt_1", account), provider="nobody")
     elif case == "json":
         response = send(webhooks, b"{not json")
+    elif case == "nul-id":
+        response = send(webhooks, event("evt_\x00", account))
     else:
         response = send(webhooks, {"type": "payment.received"})
     assert response.status_code == (404 if case == "provider" else 400)

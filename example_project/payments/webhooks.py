@@ -90,7 +90,8 @@ def parse_event(body: bytes | str) -> dict[str, Any] | None:
     if not isinstance(event, dict):
         return None
     event_id = event.get("id")
-    if not isinstance(event_id, str) or not 0 < len(event_id) <= 255:
+    # The limits of a service key: 1 to 255 characters, no NUL.
+    if not isinstance(event_id, str) or not 0 < len(event_id) <= 255 or "\x00" in event_id:
         return None
     return event
 

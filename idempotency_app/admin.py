@@ -5,8 +5,10 @@ indexed column, and an operation filter that never scans the whole table.
 Nothing can be added, edited or deleted here. Deleting a completed record
 inside its window would make the next retry execute the operation again
 (a second charge, say), and expired records are the sweep command's job.
-The one write is the "release" action, which deletes in-progress claims
-only, so that a client's retry can run again.
+The writes are two actions: "release", which deletes in-progress claims
+only, so that a client's retry can run again, and "expire"
+(``admin_actions``), which ends a completed record's window after a
+confirmation, for a key that must run again.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import ERROR_FLAG, PAGE_VAR
+from django.contrib.admin.views.main import ERROR_FLAG, PAGE_VAR, ChangeList
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
+from django.db.models.functions import Collate
 from django.http import HttpRequest, HttpResponse
 from django.template import engines
 from django.template.response import TemplateResponse
@@ -29,11 +32,14 @@ from django.utils import formats, timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.text import smart_split, unescape_string_literal
 
 from idempotency_app import clock
+from idempotency_app.admin_actions import expire_records
 from idempotency_app.conf import conf
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import parse_headers
+from idempotency_app.sweep import delete_where
 
 # Below this many rows an exact COUNT is cheap, and an estimate from table
 # statistics (stale or missing on a young table) would only mislead.
@@ -105,6 +111,20 @@ class EstimatedCountPaginator(PaginatorBase):
         return super().count
 
 
+class RecordChangeList(ChangeList):
+    """Django breaks ties with ``-pk`` whatever the sort's direction; sorted
+    by expiry ascending, that mixed direction keeps MySQL and MariaDB from
+    reading the expiry index in order (they sort the whole table). The tie is
+    broken in the sort's own direction instead."""
+
+    def get_ordering(self, request: HttpRequest, queryset: QuerySet[Any]) -> list[Any]:
+        ordering = list(super().get_ordering(request, queryset))
+        first = ordering[0] if ordering else "-pk"
+        if isinstance(first, str) and not first.startswith("-"):
+            ordering = [first, *("pk" if part == "-pk" else part for part in ordering[1:])]
+        return list(dict.fromkeys(ordering))
+
+
 class ExpiredFilter(admin.SimpleListFilter):
     title = "expired"
     parameter_name = "expired"
@@ -114,9 +134,9 @@ class ExpiredFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "yes":
-            return queryset.filter(expires_at__lte=clock.now())
+            return queryset.filter(expires_at__lte=clock.DatabaseNow())
         if self.value() == "no":
-            return queryset.filter(expires_at__gt=clock.now())
+            return queryset.filter(expires_at__gt=clock.DatabaseNow())
         return queryset
 
 
@@ -150,9 +170,9 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         "expires_at",
     )
     list_filter = ("status", OperationFilter, ExpiredFilter)
-    # Exact matches only: a key uses the (key, scope) unique index,
-    # while Django's default icontains scans every row. Keys and scopes are
-    # case-sensitive, so iexact ("=key") would be both wrong and unindexable.
+    # Exact matches only (see get_search_results): Django's default icontains
+    # scans every row. Keys and scopes are case-sensitive, so iexact would be
+    # both wrong and unindexable.
     search_fields = ("key__exact", "scope__exact")
     search_help_text = "An exact key or scope (user:42); both, space-separated, find one record."
     date_hierarchy = DATE_FIELD
@@ -160,7 +180,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
     sortable_by = ("expires_at",)
     show_full_result_count = False
     paginator = EstimatedCountPaginator
-    actions = ("release_claims",)
+    actions = ("release_claims", expire_records)
     fields = (
         "scope",
         "key",
@@ -182,9 +202,34 @@ class IdempotencyRecordAdmin(RecordAdminBase):
     ) -> HttpResponse:
         context = {"recent_days": recent_days(request), **(extra_context or {})}
         response = super().changelist_view(request, context)
-        if isinstance(response, TemplateResponse):  # not rendered yet: the template may change
+        # The change list itself, not yet rendered (an action's own page, such
+        # as expire's confirmation, keeps its template).
+        if isinstance(response, TemplateResponse) and "cl" in (response.context_data or {}):
             response.template_name = engines["django"].from_string(CHANGE_LIST)
         return response
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        """Each term is an exact key or an exact scope, and every term must
+        match. A key is found through the (key, scope) unique index. On
+        PostgreSQL a scope is compared in the "C" collation, the only one
+        ``idempotency_scope_idx`` is built in, so the planner can never pick
+        that index for a claim's ``scope = ... AND key = ...`` (it did, with
+        stale statistics, reading a whole scope for every claim)."""
+        if connections[queryset.db].vendor == "postgresql":
+            queryset = queryset.alias(scope_in_index=Collate("scope", "C"))
+            scope_lookup = "scope_in_index"
+        else:
+            scope_lookup = "scope"
+        for term in smart_split(search_term):
+            if term[:1] in ("'", '"') and term[-1:] == term[:1]:
+                term = unescape_string_literal(term)
+            queryset = queryset.filter(Q(key=term) | Q(**{scope_lookup: term}))
+        return queryset, False
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return RecordChangeList
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -200,11 +245,15 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         opts = self.opts
         return request.user.has_perm(f"{opts.app_label}.delete_{opts.model_name}")
 
+    def has_expire_permission(self, request: HttpRequest) -> bool:
+        """Expiring lets a key run again, as deleting its record would."""
+        return self.has_release_permission(request)
+
     @admin.action(description="Release selected stuck claims", permissions=["release"])
     def release_claims(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         """One conditional DELETE: a claim that completes meanwhile is kept."""
         selected = queryset.count()
-        released, _ = queryset.filter(status=IN_PROGRESS).delete()
+        released = delete_where(queryset.filter(status=IN_PROGRESS), conf.DATABASE_ALIAS)
         self.message_user(request, f"Released {released} stuck claims.", messages.SUCCESS)
         if selected > released:
             self.message_user(
@@ -261,6 +310,11 @@ def describe_body(record: IdempotencyRecord) -> SafeString | str:
     """JSON indented, text as it is, anything else summarised."""
     if record.status == IN_PROGRESS:
         return "No response yet: the request is in progress."
+    if record.status == IdempotencyRecord.Status.RELEASED:
+        return (
+            "No response stored: a validation error was answered and cached for "
+            "TRANSIENT_ERROR_TTL; the next request with the key runs again."
+        )
     if record.response_body is None:
         return (
             "Not stored (larger than MAX_BODY_BYTES, or streamed): "

@@ -1,9 +1,10 @@
 """The retry-storm guard: validation errors cached for a few seconds.
 
 A 400 releases its claim, so without a guard every retry of a bad request
-runs the view again. The guard serves the cached 400 instead, keyed by
-scope + key + fingerprint, so a corrected request (another fingerprint) is
-never answered from it.
+runs the view again. The guard serves the cached 400 instead, keyed by the
+same identity the record compares (scope, key, operation, and a fingerprint
+that includes the body's content type), so a corrected request, or one to
+another endpoint, is never answered from it.
 
 Fail-open: a cache error never fails a request. After one, the guard is
 skipped for ``CACHE_RETRY_INTERVAL`` seconds, which both bounds what a dead
@@ -45,7 +46,7 @@ class TransientErrorCache:
         return caches[conf.CACHE_ALIAS]
 
     def get_cache_key(self, identity: Identity) -> str:
-        raw = "\x1f".join((identity.scope, identity.key, identity.fingerprint))
+        raw = "\x1f".join((identity.scope, identity.key, identity.operation, identity.fingerprint))
         return (
             "idempotency:transient:"
             + hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()

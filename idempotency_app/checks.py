@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
-from idempotency_app.conf import DEFAULTS, conf
+from idempotency_app.conf import DEFAULTS, SAFE_METHODS, conf
 
 MIN_TTL = 60
 MAX_TTL = 30 * 24 * 3600
@@ -178,6 +178,17 @@ def _check_aliases() -> list[CheckMessage]:
             )
         )
     cache = settings.CACHES.get(conf.CACHE_ALIAS, {})
+    if cache.get("BACKEND") == "django.core.cache.backends.db.DatabaseCache":
+        errors.append(
+            Warning(
+                f"IDEMPOTENCY['CACHE_ALIAS'] {conf.CACHE_ALIAS!r} is a database cache: on the "
+                "database that holds the records, a cached validation error is written in the "
+                "request's transaction and rolled back with it, so the retry-storm guard never "
+                "holds.",
+                hint="Point CACHE_ALIAS at a django-redis cache.",
+                id="idempotency_app.W006",
+            )
+        )
     server_db = not sqlite
     if server_db and cache.get("BACKEND") in LOCAL_CACHE_BACKENDS:
         errors.append(
@@ -298,6 +309,86 @@ def check_header_and_lists(
                     id="idempotency_app.E014",
                 )
             )
+        elif name == "METHODS" and {m.upper() for m in value} & SAFE_METHODS:
+            safe = sorted({m.upper() for m in value} & SAFE_METHODS)
+            errors.append(
+                Error(
+                    f"IDEMPOTENCY['METHODS'] names {', '.join(safe)}: safe methods change "
+                    "nothing, so they never claim a key.",
+                    hint="Remove them; the mixin covers only unsafe methods.",
+                    id="idempotency_app.E017",
+                )
+            )
+    return errors
+
+
+@register(Tags.compatibility)
+def check_view_options(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Each view's ttl/lease/wait, combined with the settings it leaves to
+    them, must be safe: ``lease=5`` with ``WAIT_FOR_IN_FLIGHT = 10`` would
+    let a waiting duplicate take over a live request."""
+    from idempotency_app.core import policy_problems
+    from idempotency_app.drf import declared_options
+
+    errors: list[CheckMessage] = []
+    for name, options in declared_options():
+        problems = policy_problems(
+            conf.TTL if options.ttl is None else options.ttl,
+            conf.LEASE if options.lease is None else options.lease,
+            conf.WAIT_FOR_IN_FLIGHT if options.wait is None else options.wait,
+        )
+        if problems:
+            errors.append(
+                Error(
+                    f"The idempotency options of {name}, with the IDEMPOTENCY setting: "
+                    + " ".join(problems),
+                    hint="Give the view a lease above its wait, or change the setting.",
+                    id="idempotency_app.E018",
+                )
+            )
+    return errors
+
+
+@register(Tags.database)
+def check_transactions(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Configurations in which a view's work cannot commit with its stored
+    outcome. Judged from settings alone; no connection is opened."""
+    alias = conf.DATABASE_ALIAS
+    if alias not in settings.DATABASES:
+        return []  # E010 says so
+    errors: list[CheckMessage] = []
+    elsewhere = sorted(
+        other
+        for other, database in settings.DATABASES.items()
+        if other != alias and database.get("ATOMIC_REQUESTS")
+    )
+    if elsewhere:
+        errors.append(
+            Warning(
+                f"ATOMIC_REQUESTS is on for {', '.join(map(repr, elsewhere))}, but idempotency "
+                f"records are stored on {alias!r}: an idempotent view's writes there cannot "
+                "commit together with its stored outcome, so they are refused (CannotBeAtomic).",
+                hint="Point IDEMPOTENCY['DATABASE_ALIAS'] at the database your idempotent views "
+                "write to.",
+                id="idempotency_app.W004",
+            )
+        )
+    database = settings.DATABASES[alias]
+    charset = str(dict(database.get("OPTIONS") or {}).get("charset", "utf8")).lower()
+    if "mysql" in database.get("ENGINE", "") and charset != "utf8mb4":
+        errors.append(
+            Warning(
+                f"Database {alias!r} is MySQL/MariaDB with the {charset} connection character "
+                "set: a key, scope or operation with characters outside the Basic Multilingual "
+                "Plane (emoji) cannot be stored exactly, and is refused.",
+                hint='Set DATABASES[...]["OPTIONS"] = {"charset": "utf8mb4"}.',
+                id="idempotency_app.W005",
+            )
+        )
     return errors
 
 

@@ -6,6 +6,7 @@ so ``override_settings(IDEMPOTENCY={...})`` takes effect at once in tests.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -31,12 +32,20 @@ DEFAULTS: dict[str, Any] = {
     "WAIT_FOR_IN_FLIGHT": 0,
     "CACHE_RETRY_INTERVAL": 5,
     "AUTO_SWEEP_INTERVAL": 0,
+    "ERROR_FORMAT": "detail",
+    "PROBLEM_TYPE_BASE": "urn:idempotency-app:problem:",
 }
 
+# Safe methods change nothing, so a key never makes them claim anything.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+
 # Representation headers: what a client needs to read a replayed body the way
-# it read the original. Cookies, auth and hop-by-hop headers never qualify.
+# it read the original (a compressed body, an attachment's file name).
+# Cookies, auth and hop-by-hop headers never qualify.
 DEFAULT_STORED_HEADERS = (
     "Content-Type",
+    "Content-Encoding",
+    "Content-Disposition",
     "Content-Language",
     "Content-Location",
     "Location",
@@ -117,7 +126,7 @@ class Settings:
 
     @property
     def METHODS(self) -> frozenset[str]:
-        return frozenset(m.upper() for m in self._get("METHODS"))
+        return _upper(tuple(self._get("METHODS")))
 
     @property
     def SCOPE(self) -> Callable[..., str | None]:
@@ -137,8 +146,7 @@ class Settings:
 
     @property
     def STORED_HEADERS(self) -> frozenset[str]:
-        names = {n.lower() for n in (*DEFAULT_STORED_HEADERS, *self._get("STORE_HEADERS"))}
-        return frozenset(n for n in names if not never_stored(n))
+        return _stored_headers(tuple(self._get("STORE_HEADERS")))
 
     @property
     def MAX_BODY_BYTES(self) -> int:
@@ -156,10 +164,36 @@ class Settings:
     def AUTO_SWEEP_INTERVAL(self) -> float:
         return to_seconds(self._get("AUTO_SWEEP_INTERVAL"))
 
+    @property
+    def ERROR_FORMAT(self) -> str:
+        """``detail``, ``problem`` or ``handler``: see ``idempotency_app.problems``."""
+        return str(self._get("ERROR_FORMAT"))
+
+    @property
+    def PROBLEM_TYPE_BASE(self) -> str:
+        return str(self._get("PROBLEM_TYPE_BASE"))
+
 
 def resolve_callable(value: str | Callable[..., Any]) -> Callable[..., Any]:
-    """Settings and per-view options take a dotted path or the callable itself."""
+    """Settings and per-view options take a dotted path or the callable
+    itself. A path is looked up on every call (about 1 us: the module is in
+    sys.modules), so a hook patched in a test is the one that runs."""
     return import_string(value) if isinstance(value, str) else value
+
+
+# What settings turn into, computed once per value rather than per request.
+# Keyed by the value itself, so override_settings is seen at once.
+
+
+@functools.lru_cache(maxsize=16)
+def _upper(methods: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(m.upper() for m in methods)
+
+
+@functools.lru_cache(maxsize=16)
+def _stored_headers(extra: tuple[str, ...]) -> frozenset[str]:
+    names = {n.lower() for n in (*DEFAULT_STORED_HEADERS, *extra)}
+    return frozenset(n for n in names if not never_stored(n))
 
 
 conf = Settings()

@@ -6,10 +6,12 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
+from asgiref.sync import iscoroutinefunction
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from idempotency_app import drf
+from idempotency_app import drf, drf_async, viewchecks  # noqa: F401  (viewchecks registers E030)
+from idempotency_app.service.tasks import refuse_generator
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -33,6 +35,8 @@ def idempotent(
 
     Use it under ``@api_view`` or on a view's ``post``/``patch``/action
     method, so DRF authenticates, checks permissions and throttles first.
+    An ``async def`` handler of an adrf view is covered the same way; a
+    generator is refused when decorated.
     """
     options = drf.Options(
         ttl=ttl,
@@ -41,10 +45,17 @@ def idempotent(
         required=required,
         scope=scope,
         fingerprint=fingerprint,
-        methods=tuple(methods) if methods is not None else None,
+        methods=methods,
     )
 
     def decorate(handler: F) -> F:
+        drf.declare(f"{handler.__module__}.{handler.__qualname__}", options)
+        _refuse_unsupported(handler)
+        if iscoroutinefunction(handler):  # an adrf async view
+            wrapped = drf_async.decorated(handler, options, _locate, DECORATOR_METHODS)
+            wrapped.idempotency_options = options  # type: ignore[attr-defined]
+            return cast(F, wrapped)
+
         @functools.wraps(handler)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             view, request = _locate(args)
@@ -56,6 +67,17 @@ def idempotent(
         return cast(F, wrapper)
 
     return decorate(func) if func is not None else decorate
+
+
+def _refuse_unsupported(handler: Callable[..., Any]) -> None:
+    """What no claim could cover is refused here, not with a 500 later."""
+    refuse_generator(handler, "@idempotent")
+    if isinstance(getattr(handler, "cls", None), type) or hasattr(handler, "view_class"):
+        raise TypeError(
+            f"@idempotent was put above @api_view (or on as_view()) for {handler.__qualname__}: "
+            "it must decorate the handler itself, so DRF authenticates and checks permissions "
+            "first. Put @idempotent directly above the function, under @api_view."
+        )
 
 
 def _locate(args: tuple[Any, ...]) -> tuple[APIView, Request]:

@@ -2,7 +2,8 @@
 
 With DRF's default handler each body is ``{"detail": ..., "code": ...}``,
 and ``exc.default_code`` / ``exc.get_codes()`` carry the code for handlers
-that build their own shape.
+that build their own shape. ``IDEMPOTENCY["ERROR_FORMAT"]`` changes the
+shape (see ``idempotency_app.problems``).
 """
 
 from __future__ import annotations
@@ -12,11 +13,18 @@ from typing import Any
 from rest_framework import status
 from rest_framework.exceptions import APIException
 
+from idempotency_app.conf import conf
+
 
 class IdempotencyError(APIException):
     def __init__(self, detail: str | None = None, code: str | None = None) -> None:
-        code = code or self.default_code
-        super().__init__({"detail": detail or str(self.default_detail), "code": code}, code)
+        self.code: str = code or str(self.default_code)
+        self.message: str = detail or str(self.default_detail)
+        if conf.ERROR_FORMAT == "handler":
+            # A plain detail, like DRF's own exceptions: the handler shapes it.
+            super().__init__(self.message, self.code)
+        else:
+            super().__init__({"detail": self.message, "code": self.code}, self.code)
 
 
 class IdempotencyKeyMissing(IdempotencyError):
@@ -68,12 +76,32 @@ class IdempotencyKeyReused(IdempotencyError):
     )
 
 
+class ReplayNotAcceptable(IdempotencyError):
+    status_code = status.HTTP_406_NOT_ACCEPTABLE
+    default_code = "idempotency_replay_not_acceptable"
+    default_detail = (
+        "The response stored for this Idempotency-Key has a media type that this "
+        "request's Accept header does not allow. The request was not run again: retry "
+        "with an Accept header that allows the stored media type."
+    )
+
+
+class RequestRolledBack(IdempotencyError):
+    status_code = status.HTTP_500_INTERNAL_SERVER_ERROR
+    default_code = "request_rolled_back"
+    default_detail = (
+        "This request's work was rolled back, so nothing was done. "
+        "Retry with the same Idempotency-Key."
+    )
+
+
 class IdempotencyStoreUnavailable(IdempotencyError):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_code = "idempotency_store_unavailable"
     default_detail = (
-        "The request was not processed because its Idempotency-Key could not be "
-        "recorded. Retry later with the same key."
+        "The database could not record this request's Idempotency-Key or its outcome. "
+        "Retry later with the same key: you get the stored result if the request "
+        "completed, and it runs once if it did not."
     )
 
     def __init__(self, retry_after: int = 1, **kwargs: Any) -> None:

@@ -6,9 +6,13 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction
+from django.core.exceptions import ImproperlyConfigured
+from django.views import View
 from rest_framework.request import Request
+from rest_framework.views import APIView
 
-from idempotency_app import drf
+from idempotency_app import drf, drf_async
 from idempotency_app.conf import conf
 
 
@@ -27,16 +31,34 @@ class IdempotentMixin:
     idempotency_scope: str | Callable[[Any], str | None] | None = None
     idempotency_fingerprint: str | Callable[[Any], str] | None = None
 
-    def get_idempotency_options(self) -> drf.Options:
-        return drf.Options(
-            ttl=self.idempotency_ttl,
-            lease=self.idempotency_lease,
-            wait=self.idempotency_wait,
-            required=self.idempotency_required,
-            scope=self.idempotency_scope,
-            fingerprint=self.idempotency_fingerprint,
-            methods=self.idempotency_methods,
+    _idempotency_options = drf.Options()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Build and check the options when the view class is defined: a
+        mistake fails at import, and no request pays for it."""
+        super().__init_subclass__(**kwargs)
+        if issubclass(cls, View) and not issubclass(cls, APIView):
+            raise ImproperlyConfigured(
+                f"IdempotentMixin on {cls.__qualname__}, a Django view without DRF: the mixin "
+                "runs after DRF's authentication and permission checks, which this view does "
+                "not have, so it would never cover a request. Base the view on DRF's APIView "
+                "(adrf's, for async handlers), or use service.once() inside the view."
+            )
+        cls._idempotency_options = drf.declare(
+            f"{cls.__module__}.{cls.__qualname__}",
+            drf.Options(
+                ttl=cls.idempotency_ttl,
+                lease=cls.idempotency_lease,
+                wait=cls.idempotency_wait,
+                required=cls.idempotency_required,
+                scope=cls.idempotency_scope,
+                fingerprint=cls.idempotency_fingerprint,
+                methods=cls.idempotency_methods,
+            ),
         )
+
+    def get_idempotency_options(self) -> drf.Options:
+        return self._idempotency_options
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         """After DRF's own checks, wrap this request's handler.
@@ -52,6 +74,9 @@ class IdempotentMixin:
             return
         if hasattr(handler, "idempotency_options"):
             return  # @idempotent on the handler itself is more specific and wins
+        if iscoroutinefunction(handler):  # an adrf async view
+            setattr(self, method, drf_async.covered(self, handler, options))  # type: ignore[arg-type]
+            return
 
         @functools.wraps(handler)
         def idempotent_handler(request: Request, *args: Any, **kwargs: Any) -> Any:

@@ -16,6 +16,9 @@ class IdempotencyRecord(models.Model):
     class Status(models.TextChoices):
         IN_PROGRESS = "in_progress", "in progress"
         COMPLETED = "completed", "completed"
+        # A validation error's short window: no response here (it is in the
+        # guard's cache); the next claim of the key takes the row over.
+        RELEASED = "released", "released after a validation error"
 
     scope = models.CharField(max_length=255)
     key = models.CharField(max_length=255)
@@ -40,6 +43,9 @@ class IdempotencyRecord(models.Model):
         ]
         indexes = [
             models.Index(fields=["expires_at"], name="idempotency_expires_idx"),
+            # The admin's search and list by scope. Migration 0004 also adds
+            # idempotency_lease_idx on in-progress claims' leases (the sweep).
+            models.Index(fields=["scope", "id"], name="idempotency_scope_idx"),
         ]
 
     def __str__(self) -> str:

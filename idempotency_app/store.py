@@ -1,11 +1,11 @@
-"""Claim, complete, release and look up records, each in one round trip
-(a claim that meets an existing record on MySQL or SQLite takes two).
+"""Claim, complete, release and renew records, each in one statement (a
+claim that meets an existing record on MySQL or SQLite takes two).
 
 Raw SQL on purpose: a claim must be a single INSERT that the unique
 constraint arbitrates (never a read-then-write), and on PostgreSQL the
-INSERT and the read of an existing record share one round trip.
-Datetimes are compared inside SQL, so no backend's datetime parsing is
-involved in a decision.
+INSERT and the read of an existing record share one round trip. Every
+instant is computed and compared inside the statement with the database's
+clock (``clock.sql``): no app server's clock takes part in a decision.
 """
 
 from __future__ import annotations
@@ -13,16 +13,23 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections
+from django.db import IntegrityError, connections
 
+from idempotency_app import clock
 from idempotency_app.models import IdempotencyRecord
 
 FORMAT_VERSION = 1
 IN_PROGRESS = IdempotencyRecord.Status.IN_PROGRESS.value
 COMPLETED = IdempotencyRecord.Status.COMPLETED.value
+RELEASED = IdempotencyRecord.Status.RELEASED.value
+# MySQL's duplicate-key error: the one error a claim's INSERT expects.
+MYSQL_DUPLICATE_KEY = 1062
+
+
+class UnstorableIdentity(ValueError):
+    """The scope, key or operation cannot be stored exactly on this connection."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,10 @@ class Existing:
     def matches(self, identity: Identity) -> bool:
         return self.operation == identity.operation and self.fingerprint == identity.fingerprint
 
+    @property
+    def released(self) -> bool:
+        return self.status == RELEASED
+
 
 class Claimed:
     """The INSERT won: the caller owns the key."""
@@ -73,71 +84,106 @@ class Claimed:
 
 CLAIMED = Claimed()
 
-_COLUMNS = (
-    "scope",
-    "key",
-    "operation",
-    "fingerprint",
-    "status",
-    "token",
-    "created_at",
-    "expires_at",
-    "locked_until",
-    "response_headers",
-    "format_version",
-)
-
 
 @dataclass(frozen=True)
 class _Statements:
-    """Every statement for one database alias, built once with its vendor's quoting."""
+    """Every statement for one database alias, built once with its vendor's
+    quoting. Each ``{now}``-style instant takes one parameter: seconds from
+    the database's now (``clock.param``)."""
 
     vendor: str
+    # MySQL through a connection that is not utf8mb4 turns characters
+    # outside the Basic Multilingual Plane into "?": two keys would collide.
+    narrow_charset: bool
     claim: str
+    # The claim outside any transaction. PostgreSQL: its commit does not wait
+    # for its WAL flush. MariaDB: it returns the row it met (one round trip).
+    claim_async: str
     select: str
     select_locking: str
     take_over: str
     complete: str
     release: str
+    release_marked: str
     renew: str
 
 
 @functools.cache
 def _statements(using: str) -> _Statements:
     connection = connections[using]
+    vendor = connection.vendor
     q = connection.ops.quote_name
+    now = clock.sql(vendor)
     table = q(IdempotencyRecord._meta.db_table)
-    columns = ", ".join(q(c) for c in _COLUMNS)
-    placeholders = ", ".join(["%s"] * len(_COLUMNS))
-    where_key = f"{q('scope')} = %s AND {q('key')} = %s"
-    where_token = f"{where_key} AND {q('token')} = %s"
+    scope, key, token, status = q("scope"), q("key"), q("token"), q("status")
+    where_key = f"{scope} = %s AND {key} = %s"
+    where_token = f"{where_key} AND {token} = %s"
+    in_progress = f"{status} = '{IN_PROGRESS}'"
+    columns = ", ".join(
+        q(c)
+        for c in (
+            "scope",
+            "key",
+            "operation",
+            "fingerprint",
+            "status",
+            "token",
+            "created_at",
+            "expires_at",
+            "locked_until",
+            "response_headers",
+            "format_version",
+        )
+    )
+    # scope, key, operation, fingerprint, token; then now, now + TTL, now + lease.
+    values = f"%s, %s, %s, %s, '{IN_PROGRESS}', %s, {now}, {now}, {now}, '', {FORMAT_VERSION}"
     existing = (
-        f"{q('token')}, {q('operation')}, {q('fingerprint')}, {q('status')}, "
-        f"{q('expires_at')} <= %s, {q('locked_until')} <= %s, "
+        f"{token}, {q('operation')}, {q('fingerprint')}, {status}, "
+        f"{q('expires_at')} <= {now}, {q('locked_until')} <= {now}, "
         f"{q('response_status')}, {q('response_headers')}, {q('response_body')}"
     )
     select = f"SELECT {existing} FROM {table} WHERE {where_key}"
-    on_conflict = f"ON CONFLICT ({q('scope')}, {q('key')}) DO NOTHING"
-    if connection.vendor == "postgresql":
+    on_conflict = f"ON CONFLICT ({scope}, {key}) DO NOTHING"
+    if vendor == "postgresql":
         # The INSERT and the read of the record it collided with, in one round
         # trip. NOT EXISTS keeps replays from drawing a sequence value (and
         # from forcing a WAL flush every 32 of them); ON CONFLICT still
         # arbitrates two fresh claims racing.
-        claim = (
-            f"WITH ins AS (INSERT INTO {table} ({columns}) SELECT {placeholders} "
-            f"WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE {where_key}) "
-            f"{on_conflict} RETURNING 1) "
-            f"SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM ins "
-            f"UNION ALL {select}"
+        def postgres_claim(cfg: str = "", join: str = "") -> str:
+            return (
+                f"WITH ins AS (INSERT INTO {table} ({columns}) SELECT {values} "
+                f"WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE {where_key}) "
+                f"{on_conflict} RETURNING 1){cfg} "
+                f"SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM ins{join} "
+                f"UNION ALL {select}"
+            )
+
+        claim = postgres_claim()
+        # WAL is flushed in order, so the work's own (synchronous) commit
+        # makes the claim durable too; a crash can only lose a claim whose
+        # work never committed, which a retry then runs. Never inside a
+        # transaction, where it would make the caller's commit asynchronous.
+        claim_async = postgres_claim(
+            ", cfg AS (SELECT set_config('synchronous_commit', 'off', true))", " CROSS JOIN cfg"
         )
-    elif connection.vendor == "mysql":
-        claim = f"INSERT IGNORE INTO {table} ({columns}) VALUES ({placeholders})"
+    elif vendor == "mysql":
+        # A plain INSERT whose duplicate-key error is caught: INSERT IGNORE
+        # would also turn data errors into warnings and claim a mangled key.
+        claim = f"INSERT INTO {table} ({columns}) VALUES ({values})"
+        # MariaDB 10.5+ returns the row an ON DUPLICATE KEY UPDATE met: the
+        # claim and the read of a taken key in one round trip. Outside a
+        # transaction only: the no-op update write-locks the existing row,
+        # which a transaction would hold (and serialise replays) until it ends.
+        claim_async = f"{claim} ON DUPLICATE KEY UPDATE {q('id')} = {q('id')} RETURNING {existing}"
     else:
-        claim = f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) {on_conflict}"
-    assignments = ", ".join(f"{q(c)} = %s" for c in _COLUMNS[2:])
+        claim = f"INSERT INTO {table} ({columns}) VALUES ({values}) {on_conflict}"
+        claim_async = claim
+    charset = str(connection.settings_dict.get("OPTIONS", {}).get("charset", "utf8"))
     return _Statements(
-        vendor=connection.vendor,
+        vendor=vendor,
+        narrow_charset=vendor == "mysql" and charset.lower() != "utf8mb4",
         claim=claim,
+        claim_async=claim_async,
         select=select,
         # A consistent read inside a MySQL transaction uses its old snapshot
         # and would miss a row committed since; a locking read sees it.
@@ -146,45 +192,58 @@ def _statements(using: str) -> _Statements:
         # completes or renews, so the state that allowed the takeover is
         # checked again in the same statement.
         take_over=(
-            f"UPDATE {table} SET {assignments}, {q('response_status')} = NULL, "
-            f"{q('response_body')} = NULL WHERE {where_token} AND ("
-            f"({q('status')} = %s AND {q('expires_at')} <= %s) OR "
-            f"({q('status')} = %s AND {q('locked_until')} <= %s))"
+            f"UPDATE {table} SET {q('operation')} = %s, {q('fingerprint')} = %s, "
+            f"{status} = '{IN_PROGRESS}', {token} = %s, {q('created_at')} = {now}, "
+            f"{q('expires_at')} = {now}, {q('locked_until')} = {now}, "
+            f"{q('response_status')} = NULL, {q('response_headers')} = '', "
+            f"{q('response_body')} = NULL, {q('format_version')} = {FORMAT_VERSION} "
+            f"WHERE {where_token} AND ("
+            f"({status} = '{COMPLETED}' AND {q('expires_at')} <= {now}) OR "
+            f"({in_progress} AND {q('locked_until')} <= {now}) OR "
+            f"{status} = '{RELEASED}')"
         ),
+        # Only an unfinished claim completes: a second completion must never
+        # overwrite a result that duplicates may already have read.
         complete=(
-            f"UPDATE {table} SET {q('status')} = %s, {q('expires_at')} = %s, "
+            f"UPDATE {table} SET {status} = '{COMPLETED}', {q('expires_at')} = {now}, "
             f"{q('locked_until')} = NULL, {q('response_status')} = %s, "
-            f"{q('response_headers')} = %s, {q('response_body')} = %s WHERE {where_token}"
+            f"{q('response_headers')} = %s, {q('response_body')} = %s "
+            f"WHERE {where_token} AND {in_progress}"
         ),
         # Only an unfinished claim: a stored outcome is never deleted by its owner.
-        release=f"DELETE FROM {table} WHERE {where_token} AND {q('status')} = %s",
+        release=f"DELETE FROM {table} WHERE {where_token} AND {in_progress}",
+        # The same, leaving a marker that the next claim of the key meets for
+        # free, so that only a retry after a validation error reads the guard.
+        release_marked=(
+            f"UPDATE {table} SET {status} = '{RELEASED}', {q('expires_at')} = {now}, "
+            f"{q('locked_until')} = NULL WHERE {where_token} AND {in_progress}"
+        ),
         renew=(
-            f"UPDATE {table} SET {q('locked_until')} = %s "
-            f"WHERE {where_token} AND {q('status')} = %s"
+            f"UPDATE {table} SET {q('locked_until')} = {now} WHERE {where_token} AND {in_progress}"
         ),
     )
 
 
-def _dt(using: str, value: datetime) -> Any:
-    return connections[using].ops.adapt_datetimefield_value(value)
+def vendor(using: str) -> str:
+    return _statements(using).vendor
 
 
-def _row_values(
-    identity: Identity, token: str, now: datetime, ttl: float, lease: float, using: str
-) -> list[Any]:
-    return [
-        identity.scope,
-        identity.key,
-        identity.operation,
-        identity.fingerprint,
-        IN_PROGRESS,
-        token,
-        _dt(using, now),
-        _dt(using, now + timedelta(seconds=ttl)),
-        _dt(using, now + timedelta(seconds=lease)),
-        "",
-        FORMAT_VERSION,
-    ]
+def check_storable(identity: Identity, using: str) -> None:
+    """Refuse, before any query, what the connection would store mangled."""
+    if _statements(using).narrow_charset and any(
+        ord(ch) > 0xFFFF for ch in identity.scope + identity.key + identity.operation
+    ):
+        raise UnstorableIdentity(
+            f"The idempotency scope, key or operation of {identity.key!r} holds characters "
+            f"outside the Basic Multilingual Plane, which the connection to database {using!r} "
+            'cannot store: set DATABASES[...]["OPTIONS"] = {"charset": "utf8mb4"}.'
+        )
+
+
+def _execute(using: str, sql: str, params: list[Any], connection: Any = None) -> tuple[int, Any]:
+    with (connection or connections[using]).cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount, cursor.fetchone() if cursor.description else None
 
 
 def _existing(row: tuple[Any, ...]) -> Existing:
@@ -199,14 +258,8 @@ def _existing(row: tuple[Any, ...]) -> Existing:
     return Existing(token, operation, fingerprint, status, bool(expired), bool(lapsed), response)
 
 
-def _execute(using: str, sql: str, params: list[Any]) -> Any:
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.rowcount, cursor.fetchone() if cursor.description else None
-
-
 def insert_or_fetch(
-    identity: Identity, token: str, now: datetime, ttl: float, lease: float, using: str
+    identity: Identity, token: str, ttl: float, lease: float, using: str
 ) -> Existing | Claimed | None:
     """Claim the key with ``token``.
 
@@ -214,26 +267,68 @@ def insert_or_fetch(
     record was released between our INSERT and our read (try again).
     """
     sql = _statements(using)
-    values = _row_values(identity, token, now, ttl, lease, using)
-    if sql.vendor == "postgresql":
-        stamp = _dt(using, now)
+    v = sql.vendor
+    stamp = clock.param(v, 0)
+    values = [
+        identity.scope,
+        identity.key,
+        identity.operation,
+        identity.fingerprint,
+        token,
+        stamp,
+        clock.param(v, ttl),
+        clock.param(v, lease),
+    ]
+    alone = _runs_alone(connections[using])
+    if v == "postgresql":
         _, row = _execute(
             using,
-            sql.claim,
+            sql.claim_async if alone else sql.claim,
             [*values, identity.scope, identity.key, stamp, stamp, identity.scope, identity.key],
         )
         if row is None:
             # Lost the race to a row this statement's snapshot cannot see yet.
-            return fetch(identity, now, using)
+            return fetch(identity, using)
         return CLAIMED if row[0] is None else _existing(row)
+    if v == "mysql":
+        if alone and _returning(using):
+            _, row = _execute(using, sql.claim_async, [*values, stamp, stamp])
+            return CLAIMED if row[0] == token else _existing(row)
+        try:
+            _execute(using, sql.claim, values)
+        except IntegrityError as exc:
+            cause = exc.__cause__
+            if not (cause is not None and cause.args and cause.args[0] == MYSQL_DUPLICATE_KEY):
+                raise
+            return fetch(identity, using)
+        return CLAIMED
     rowcount, _ = _execute(using, sql.claim, values)
-    return CLAIMED if rowcount == 1 else fetch(identity, now, using)
+    return CLAIMED if rowcount == 1 else fetch(identity, using)
 
 
-def fetch(identity: Identity, now: datetime, using: str) -> Existing | None:
+def _runs_alone(connection: Any) -> bool:
+    """Whether a statement sent now is a transaction of its own. A
+    connection not opened yet (the first query of a request under the
+    default CONN_MAX_AGE = 0) reports autocommit off until it connects: its
+    settings say what it will be."""
+    if connection.in_atomic_block:
+        return False
+    if connection.connection is None:
+        return bool(connection.settings_dict.get("AUTOCOMMIT", True))
+    return bool(connection.autocommit)
+
+
+@functools.cache
+def _returning(using: str) -> bool:
+    """Whether the server is MariaDB 10.5 or newer (asked once per process)."""
+    connection: Any = connections[using]  # the MySQL backend's wrapper
+    return bool(connection.mysql_is_mariadb and connection.mysql_version >= (10, 5))
+
+
+def fetch(identity: Identity, using: str) -> Existing | None:
     sql = _statements(using)
     locking = sql.vendor == "mysql" and connections[using].in_atomic_block
-    stamp = _dt(using, now)
+    stamp = clock.param(sql.vendor, 0)
     _, row = _execute(
         using,
         sql.select_locking if locking else sql.select,
@@ -243,50 +338,41 @@ def fetch(identity: Identity, now: datetime, using: str) -> Existing | None:
 
 
 def take_over(
-    identity: Identity,
-    old_token: str,
-    token: str,
-    now: datetime,
-    ttl: float,
-    lease: float,
-    using: str,
+    identity: Identity, old_token: str, token: str, ttl: float, lease: float, using: str
 ) -> bool:
     """Replace an expired record or a lapsed claim; a compare-and-set on the
     old token, so of two workers taking over at once only one wins."""
-    values = _row_values(identity, token, now, ttl, lease, using)
-    stamp = _dt(using, now)
+    v = vendor(using)
+    stamp = clock.param(v, 0)
     rowcount, _ = _execute(
         using,
         _statements(using).take_over,
         [
-            *values[2:],
+            identity.operation,
+            identity.fingerprint,
+            token,
+            stamp,
+            clock.param(v, ttl),
+            clock.param(v, lease),
             identity.scope,
             identity.key,
             old_token,
-            COMPLETED,
             stamp,
-            IN_PROGRESS,
             stamp,
         ],
     )
-    return bool(rowcount == 1)
+    return rowcount == 1
 
 
 def complete(
-    identity: Identity,
-    token: str,
-    response: StoredResponse,
-    now: datetime,
-    ttl: float,
-    using: str,
+    identity: Identity, token: str, response: StoredResponse, ttl: float, using: str
 ) -> bool:
-    """Mark the claim completed; False when ``token`` no longer owns it."""
+    """Mark the claim completed; False when ``token`` no longer holds it."""
     rowcount, _ = _execute(
         using,
         _statements(using).complete,
         [
-            COMPLETED,
-            _dt(using, now + timedelta(seconds=ttl)),
+            clock.param(vendor(using), ttl),
             response.status,
             response.headers_json(),
             response.body,
@@ -295,28 +381,31 @@ def complete(
             token,
         ],
     )
-    return bool(rowcount == 1)
+    return rowcount == 1
 
 
-def release(identity: Identity, token: str, using: str) -> bool:
-    """Delete the claim so a retry runs again; False when it was not ours."""
-    rowcount, _ = _execute(
-        using, _statements(using).release, [identity.scope, identity.key, token, IN_PROGRESS]
-    )
-    return bool(rowcount == 1)
+def release(identity: Identity, token: str, using: str, marker: float = 0) -> bool:
+    """Give up the claim so a retry runs again; False when it was not ours.
+    With ``marker`` seconds, a marker row stays that long instead."""
+    sql = _statements(using)
+    if marker > 0:
+        rowcount, _ = _execute(
+            using,
+            sql.release_marked,
+            [clock.param(sql.vendor, marker), identity.scope, identity.key, token],
+        )
+    else:
+        rowcount, _ = _execute(using, sql.release, [identity.scope, identity.key, token])
+    return rowcount == 1
 
 
-def renew(identity: Identity, token: str, now: datetime, lease: float, using: str) -> bool:
-    """Extend the lease of a claim still held by ``token``."""
+def renew(identity: Identity, token: str, lease: float, using: str, connection: Any = None) -> bool:
+    """Extend the lease of a claim still held by ``token`` (through
+    ``connection``, another connection to ``using``, when given)."""
     rowcount, _ = _execute(
         using,
         _statements(using).renew,
-        [
-            _dt(using, now + timedelta(seconds=lease)),
-            identity.scope,
-            identity.key,
-            token,
-            IN_PROGRESS,
-        ],
+        [clock.param(vendor(using), lease), identity.scope, identity.key, token],
+        connection,
     )
-    return bool(rowcount == 1)
+    return rowcount == 1

@@ -6,33 +6,19 @@ how each batch decides, in its own short transaction, what to delete.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from django.db.models import Q
 
-from idempotency_app import clock
 from idempotency_app.conf import conf
+from idempotency_app.models import IdempotencyRecord
 from idempotency_app.sweep import DEFAULT_BATCH, batches, expired, stale
 
 MIN_BATCH = 1
 MAX_BATCH = 100_000
-
-
-@dataclass
-class Budget:
-    """Batches ``--max-batches`` leaves for the whole run; None: no limit."""
-
-    left: int | None
-
-    def exhausted(self) -> bool:
-        return self.left is not None and self.left <= 0
-
-    def spend(self) -> None:
-        if self.left is not None:
-            self.left -= 1
 
 
 class Command(BaseCommand):
@@ -60,7 +46,9 @@ class Command(BaseCommand):
             "--max-batches",
             type=int,
             default=None,
-            help="Stop after this many batches (default: until nothing is left).",
+            help="Stop each pass (expired records, stale claims) after this many batches "
+            "(default: until nothing is left). Stopping with rows left is an error (exit "
+            "status 1), so a scheduler learns that the sweep falls behind.",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
@@ -86,13 +74,29 @@ class Command(BaseCommand):
         grace = self._validate(batch_size, stale_after, max_batches, using)
         self.verbosity = verbosity
         self.dry_run = dry_run
-        now = clock.now()
-        budget = Budget(max_batches)
-        n_expired = self._sweep("expired records", expired(now), batch_size, using, budget)
-        n_stale = self._sweep("stale claims", stale(now, grace), batch_size, using, budget)
+        started = time.monotonic()
+        n_expired, more_expired = self._sweep(
+            "expired records", expired(), batch_size, using, max_batches
+        )
+        n_stale, more_stale = self._sweep(
+            "stale claims", stale(grace), batch_size, using, max_batches
+        )
         if verbosity >= 1:
             verb = "Would delete" if dry_run else "Deleted"
-            self.stdout.write(f"{verb} {n_expired} expired records and {n_stale} stale claims.")
+            self.stdout.write(
+                f"{verb} {n_expired} expired records and {n_stale} stale claims "
+                f"in {time.monotonic() - started:.2f} s."
+            )
+        left = [
+            what
+            for what, more in (("expired records", more_expired), ("stale claims", more_stale))
+            if more
+        ]
+        if left:
+            raise CommandError(
+                f"More {' and '.join(left)} remain: --max-batches {max_batches} stopped the "
+                "sweep. Run it again, raise --max-batches or --batch-size, or sweep more often."
+            )
 
     def _validate(
         self, batch_size: int, stale_after: float | None, max_batches: int | None, using: str
@@ -117,16 +121,23 @@ class Command(BaseCommand):
             )
         return stale_after
 
-    def _sweep(self, what: str, condition: Q, batch_size: int, using: str, budget: Budget) -> int:
+    def _sweep(
+        self, what: str, condition: Q, batch_size: int, using: str, max_batches: int | None
+    ) -> tuple[int, bool]:
+        """One pass; how many rows it deleted, and whether it stopped at
+        ``max_batches`` with rows left. A run looks once, by the condition's
+        index, for a row that still matches (one that came to match while it
+        ran is a backlog too); a dry run, which deleted nothing, reads one
+        batch further."""
         total = 0
-        if budget.exhausted():
-            return total
-        for batch, count in enumerate(batches(condition, batch_size, using, self.dry_run), 1):
-            budget.spend()
+        pending = batches(condition, batch_size, using, self.dry_run)
+        for batch, count in enumerate(pending, 1):
             total += count
             if self.verbosity >= 2:
                 verb = "would delete" if self.dry_run else "deleted"
                 self.stdout.write(f"Batch {batch}: {verb} {count} {what} ({total} so far).")
-            if budget.exhausted():
-                break
-        return total
+            if batch == max_batches:
+                if self.dry_run:
+                    return total, next(pending, 0) > 0
+                return total, IdempotencyRecord.objects.using(using).filter(condition).exists()
+        return total, False

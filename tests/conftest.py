@@ -11,6 +11,7 @@ from django.core.cache import caches
 from rest_framework.test import APIClient
 
 from idempotency_app import cache as guard_module
+from idempotency_app.models import IdempotencyRecord
 
 SERVER_DB = settings.DB != "sqlite"
 needs_server_db = pytest.mark.skipif(
@@ -58,8 +59,22 @@ def api(user: User) -> APIClient:
 
 
 @pytest.fixture
+def quiet_api(user: User) -> APIClient:
+    """A client that gets the 500 a server would send, not the exception."""
+    client = APIClient(raise_request_exception=False)
+    client.force_authenticate(user)
+    return client
+
+
+@pytest.fixture
 def key() -> str:
     return str(uuid.uuid4())
+
+
+def claims() -> Any:
+    """Records that hold or held work: not the markers a validation error
+    leaves for TRANSIENT_ERROR_TTL, which stand for no claim."""
+    return IdempotencyRecord.objects.exclude(status=IdempotencyRecord.Status.RELEASED)
 
 
 def post(client: APIClient, url: str, data: Any, key: str | None, **extra: Any) -> Any:

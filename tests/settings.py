@@ -12,6 +12,7 @@ IDEMPOTENCY_TEST_REDIS_URL  e.g. redis://127.0.0.1:6379/0; unset = local-memory 
 from __future__ import annotations
 
 import os
+from importlib.util import find_spec
 from typing import Any
 
 import django
@@ -96,6 +97,11 @@ elif DB == "sqlite":
     }
 else:
     raise RuntimeError(f"IDEMPOTENCY_TEST_DB={DB!r}: use sqlite, postgres or mysql.")
+# A second database, for the views that write where their outcome is not stored.
+DATABASES["other"] = {
+    **DATABASES["default"],
+    "NAME": ":memory:" if DB == "sqlite" else f"{_name}_other",
+}
 
 REDIS_URL = os.environ.get("IDEMPOTENCY_TEST_REDIS_URL", "")
 if REDIS_URL:
@@ -117,5 +123,17 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_THROTTLE_RATES": {"burst": "3/minute"},
+    # Views annotated with @extend_schema bind to it when they are defined.
+    "DEFAULT_SCHEMA_CLASS": "idempotency_app.openapi.AutoSchema",
 }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# django.tasks (Django 6.0+, or the django-tasks backport) with a
+# database-backed backend, where installed: the enqueue_once tests and the
+# worker races use it.
+TASKS_INSTALLED = find_spec("django_tasks_db") is not None and (
+    django.VERSION >= (6, 0) or find_spec("django_tasks") is not None
+)
+if TASKS_INSTALLED:
+    INSTALLED_APPS.append("django_tasks_db")
+    TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}

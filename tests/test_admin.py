@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import formats, timezone
@@ -293,3 +293,53 @@ def test_unfiltered_count_uses_table_statistics(
         assert estimate is not None
         assert result_count == estimate
     assert ops.get(URL, {"q": "k2"}).context["cl"].result_count == 1
+
+
+def test_release_keeps_a_claim_that_completes_meanwhile(
+    ops: Client, records: dict[str, Any]
+) -> None:
+    from tests.test_sweep import completed_just_before_the_delete
+
+    with completed_just_before_the_delete("key-claim"):
+        response = ops.post(
+            URL,
+            {"action": "release_claims", "_selected_action": [records["claim"].pk], "index": 0},
+            follow=True,
+        )
+    assert "Released 0 stuck claims." in response.content.decode()
+    assert IdempotencyRecord.objects.get(key="key-claim").status == "completed"
+
+
+@pytest.mark.parametrize(("param", "tie"), [("7", "ASC"), ("-7", "DESC")])
+def test_sorting_by_expiry_breaks_ties_in_the_same_direction(
+    ops: Client, records: dict[str, Any], param: str, tie: str
+) -> None:
+    """Mixed directions (expiry ascending, id descending) keep MySQL and
+    MariaDB from reading the expiry index in order."""
+    with CaptureQueriesContext(connection) as queries:
+        assert ops.get(URL, {"o": param}).status_code == 200
+    listing = [q["sql"] for q in queries.captured_queries if "ORDER BY" in q["sql"]][-1]
+    order = listing.split("ORDER BY", 1)[1]
+    direction = "DESC" if param.startswith("-") else "ASC"
+    assert "expires_at" in order and f"{direction}" in order.split(",")[0]
+    assert order.split(",")[1].strip().split()[-1].upper().startswith(tie)
+
+
+def test_search_by_scope_reads_the_scope_index(ops: Client, records: dict[str, Any]) -> None:
+    """On PostgreSQL the scope index is in the "C" collation, which only this
+    search uses: a claim's scope = ... AND key = ... can never be planned on
+    it instead of the unique index."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the collated scope index is PostgreSQL's")
+    with CaptureQueriesContext(connection) as queries:
+        assert ops.get(URL, {"q": "user:2"}).status_code == 200
+    listing = [q["sql"] for q in queries.captured_queries if 'COLLATE "C"' in q["sql"]]
+    assert listing, "the search compares scopes in the index's collation"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_get_indexdef('idempotency_scope_idx'::regclass)")
+        assert 'COLLATE "C"' in cursor.fetchone()[0]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # a few rows here, millions there
+        cursor.execute("EXPLAIN " + listing[-1].split(" LIMIT ")[0])
+        plan = " ".join(row[0] for row in cursor.fetchall())
+    assert "idempotency_scope_idx" in plan, plan

@@ -16,12 +16,13 @@ from django.core.cache import caches
 from django.test.utils import override_settings
 from rest_framework.test import APIClient
 
-from idempotency_app import signals
+from idempotency_app import cache as guard_module
+from idempotency_app import clock, signals
 from idempotency_app.cache import TransientErrorCache, decode, encode
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import Identity, StoredResponse
 from tests.concurrency import fire_processes
-from tests.conftest import needs_redis, needs_server_db, post
+from tests.conftest import claims, needs_redis, needs_server_db, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -59,7 +60,7 @@ def test_retry_inside_window_gets_cached_400(
     assert second.content == first.content
     assert second["Content-Type"] == first["Content-Type"]
     assert executions == [400], "the view ran once"
-    assert not IdempotencyRecord.objects.exists(), "the claim was released"
+    assert not claims().exists(), "the claim was released"
 
 
 def test_after_the_window_the_view_runs_again(
@@ -201,3 +202,70 @@ def test_burst_with_dead_cache_still_gets_clean_400s(user: User, key: str) -> No
     assert not [o for o in outcomes if o >= 500], outcomes
     assert set(outcomes) <= {400, 409}, outcomes
     assert outcomes.count(400) >= 1
+
+
+def guard_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every read of the guard's cache, by cache key."""
+    reads: list[str] = []
+    real = guard_module.guard._raw_get
+
+    def counted(key: str) -> Any:
+        reads.append(key)
+        return real(key)
+
+    monkeypatch.setattr(guard_module.guard, "_raw_get", counted)
+    return reads
+
+
+def test_a_fresh_request_never_reads_the_guard(
+    api: APIClient, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = guard_reads(monkeypatch)
+    assert post(api, "/charges/", {"label": "a"}, key).status_code == 201
+    assert post(api, "/charges/", {"label": "a"}, key)["Idempotent-Replayed"] == "true"
+    assert reads == [], "only a claim that meets a validation error's marker asks the cache"
+
+
+def test_only_a_retry_inside_a_validation_errors_window_reads_the_guard(
+    api: APIClient, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = guard_reads(monkeypatch)
+    assert post(api, "/charges/", {"raise": "validation"}, key).status_code == 400
+    assert reads == []
+    assert post(api, "/charges/", {"raise": "validation"}, key)["Idempotent-Replayed"] == "true"
+    assert len(reads) == 1
+    fixed = post(api, "/charges/", {"label": "fixed"}, key)
+    assert fixed.status_code == 201 and "Idempotent-Replayed" not in fixed
+    assert len(reads) == 2, "the corrected request asks once, misses, and runs"
+    assert IdempotencyRecord.objects.get().status == "completed"
+    assert post(api, "/charges/", {"label": "fixed"}, key)["Idempotent-Replayed"] == "true"
+    assert len(reads) == 2, "a replay never asks"
+
+
+def test_a_client_alternating_two_bad_bodies_is_still_guarded(
+    api: APIClient, key: str, executions: list[int]
+) -> None:
+    """Each body's 400 leaves the marker the other one meets: the guard is
+    asked whatever body left it, and answers for the body it cached."""
+    answers = [post(api, "/charges/", {"raise": "validation", "n": n % 2}, key) for n in range(6)]
+    assert [a.status_code for a in answers] == [400] * 6
+    assert executions == [400, 400], "each body ran once; its retries got its cached 400"
+    assert [a.get("Idempotent-Replayed") for a in answers] == [None, None] + ["true"] * 4
+
+
+def test_after_the_window_the_marker_is_taken_over_without_asking(
+    api: APIClient, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = guard_reads(monkeypatch)
+    with clock.freeze():
+        post(api, "/charges/", {"raise": "validation"}, key)
+        clock.advance(11)
+        again = post(api, "/charges/", {"raise": "validation"}, key)
+    assert again.status_code == 400 and "Idempotent-Replayed" not in again
+    assert reads == []
+
+
+@override_settings(IDEMPOTENCY={"TRANSIENT_ERROR_TTL": 0})
+def test_no_guard_no_marker(api: APIClient, key: str) -> None:
+    assert post(api, "/charges/", {"raise": "validation"}, key).status_code == 400
+    assert not IdempotencyRecord.objects.exists()

@@ -127,3 +127,46 @@ def test_full_check_run_has_no_new_errors() -> None:
         "idempotency_app.E015",
     }
     assert new_ids.isdisjoint(ids(django_checks.run_checks()))
+
+
+def test_safe_methods_in_methods_is_e017() -> None:
+    with override_settings(IDEMPOTENCY={"METHODS": ["POST", "get"]}):
+        messages = checks.check_header_and_lists()
+    assert ids(messages) == ["idempotency_app.E017"]
+    assert "GET" in messages[0].msg
+
+
+def test_view_options_unsafe_with_the_settings_are_e018() -> None:
+    from idempotency_app.decorators import idempotent
+
+    @idempotent(lease=5)
+    def lease_of_five(request: Any) -> None: ...
+
+    def about_it() -> list[Any]:
+        return [m for m in checks.check_view_options() if "lease_of_five" in m.msg]
+
+    with override_settings(IDEMPOTENCY={"WAIT_FOR_IN_FLIGHT": 10}):
+        messages = about_it()
+    assert [m.id for m in messages] == ["idempotency_app.E018"]
+    assert "WAIT_FOR_IN_FLIGHT" in messages[0].msg
+    assert not about_it(), "safe with the default settings"
+
+
+def test_atomic_requests_on_another_database_is_w004() -> None:
+    from django.conf import settings
+
+    default = settings.DATABASES["default"]
+    databases = {"default": {**default, "ATOMIC_REQUESTS": True}, "idem": dict(default)}
+    with override_settings(DATABASES=databases, IDEMPOTENCY={"DATABASE_ALIAS": "idem"}):
+        assert ids(checks.check_transactions()) == ["idempotency_app.W004"]
+    with override_settings(DATABASES=databases):
+        assert ids(checks.check_transactions()) == []
+
+
+def test_a_narrow_mysql_charset_is_w005() -> None:
+    mysql = {"ENGINE": "django.db.backends.mysql", "NAME": "x"}
+    with override_settings(DATABASES={"default": mysql}):
+        assert ids(checks.check_transactions()) == ["idempotency_app.W005"]
+    wide = {**mysql, "OPTIONS": {"charset": "utf8mb4"}}
+    with override_settings(DATABASES={"default": wide}):
+        assert ids(checks.check_transactions()) == []

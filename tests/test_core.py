@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connection, connections
+from django.utils import timezone
 
 from idempotency_app import clock, core, store
 from idempotency_app.models import IdempotencyRecord
@@ -27,7 +31,7 @@ def test_takeover_loses_to_a_completion_that_landed_first(monkeypatch: pytest.Mo
 
         def completion_lands_first(*args: Any, **kwargs: Any) -> bool:
             stored = StoredResponse(201, (), b"A")
-            assert store.complete(IDENTITY, first.token, stored, clock.now(), 3600, "default")
+            assert store.complete(IDENTITY, first.token, stored, 3600, "default")
             return real_take_over(*args, **kwargs)
 
         monkeypatch.setattr(store, "take_over", completion_lands_first)
@@ -45,7 +49,7 @@ def test_takeover_loses_to_a_renewed_lease(monkeypatch: pytest.MonkeyPatch) -> N
         real_take_over = store.take_over
 
         def renewal_lands_first(*args: Any, **kwargs: Any) -> bool:
-            assert store.renew(IDENTITY, first.token, clock.now(), 60, "default")
+            assert store.renew(IDENTITY, first.token, 60, "default")
             return real_take_over(*args, **kwargs)
 
         monkeypatch.setattr(store, "take_over", renewal_lands_first)
@@ -60,8 +64,9 @@ def test_takeover_loses_to_a_renewed_lease(monkeypatch: pytest.MonkeyPatch) -> N
         OperationalError(1213, "Deadlock found when trying to get lock"),
         OperationalError(1205, "Lock wait timeout exceeded"),
         OperationalError("database is locked"),
+        OperationalError("database table is locked"),
     ],
-    ids=["mysql-deadlock", "mysql-lock-wait", "sqlite-locked"],
+    ids=["mysql-deadlock", "mysql-lock-wait", "sqlite-locked", "sqlite-shared-cache-locked"],
 )
 def test_lock_conflicts_while_claiming_are_in_progress(
     monkeypatch: pytest.MonkeyPatch, error: Exception
@@ -90,5 +95,100 @@ def test_work_that_marks_its_transaction_for_rollback_is_released() -> None:
         return "value"
 
     result = core.run(IDENTITY, work, lambda value: StoredResponse(200, (), b"x"), POLICY)
-    assert isinstance(result, core.Executed) and result.stored is None
+    assert result == core.RolledBack("value"), "a success whose work rolled back is not a success"
     assert not IdempotencyRecord.objects.exists()
+
+
+def test_a_second_completion_never_overwrites_the_first() -> None:
+    held = core.claim(IDENTITY, POLICY)
+    assert isinstance(held, core.Claim)
+    assert store.complete(IDENTITY, held.token, StoredResponse(201, (), b"first"), 3600, "default")
+    assert not store.complete(
+        IDENTITY, held.token, StoredResponse(200, (), b"second"), 3600, "default"
+    )
+    assert bytes(IdempotencyRecord.objects.get().response_body) == b"first"
+
+
+def test_leases_are_judged_by_the_database_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An app server whose clock runs an hour ahead must not take over a
+    claim whose lease is live by the database's clock."""
+    policy = core.Policy(ttl=3600, lease=60, wait=0, using="default")
+    first = core.claim(IDENTITY, policy)
+    assert isinstance(first, core.Claim)
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(hours=1))
+    assert isinstance(core.claim(IDENTITY, policy), core.InProgress)
+    assert IdempotencyRecord.objects.get().token == first.token
+
+
+@contextlib.contextmanager
+def database_down(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The default database refusing connections, for real: nothing listens
+    on port 1. An in-memory SQLite database cannot go away."""
+    if connection.vendor == "sqlite":
+        pytest.skip("an in-memory SQLite database cannot refuse connections")
+    connection.close()
+    with monkeypatch.context() as patch:
+        patch.setitem(connection.settings_dict, "PORT", "1")
+        patch.setitem(connection.settings_dict, "HOST", "127.0.0.1")
+        yield
+        connection.close()
+
+
+def test_a_database_that_refuses_connections_is_store_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with database_down(monkeypatch), pytest.raises(core.StoreUnavailable):
+        core.claim(IDENTITY, POLICY)
+    assert isinstance(core.claim(IDENTITY, POLICY), core.Claim), "back once it is reachable"
+
+
+def _kill_from_outside() -> None:
+    """End our connection's server session from another connection, as a
+    database restart does to every open connection."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_backend_pid()"
+            if connection.vendor == "postgresql"
+            else "SELECT CONNECTION_ID()"
+        )
+        session = cursor.fetchone()[0]
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SELECT pg_terminate_backend(%s)", [session])
+            else:
+                cursor.execute(f"KILL {int(session)}")
+    finally:
+        other.close()
+
+
+def test_a_connection_broken_since_its_last_use_is_replaced_once() -> None:
+    if connection.vendor == "sqlite":
+        pytest.skip("needs a database server that can end a session")
+    _kill_from_outside()
+    assert isinstance(core.claim(IDENTITY, POLICY), core.Claim)
+
+
+def test_an_outage_at_the_completion_is_signalled_once_the_work_is_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from idempotency_app import signals
+
+    def lost(*args: Any, **kwargs: Any) -> bool:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    seen: list[bool] = []
+
+    def receiver(**kwargs: Any) -> None:
+        seen.append(connection.in_atomic_block)
+
+    monkeypatch.setattr(store, "complete", lost)
+    signals.store_unavailable.connect(receiver, dispatch_uid="test-outage")
+    try:
+        with pytest.raises(core.StoreUnavailable):
+            core.run(IDENTITY, lambda: "x", lambda value: StoredResponse(200, (), b"x"), POLICY)
+    finally:
+        signals.store_unavailable.disconnect(dispatch_uid="test-outage")
+    assert seen == [False], "sent once, outside the work's transaction"

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from idempotency_app import clock
 from idempotency_app.models import IdempotencyRecord
-from tests.conftest import post
+from tests.conftest import claims, post
 from tests.testapp.models import Charge, LedgerEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -285,7 +285,7 @@ def test_raised_deterministic_errors_are_stored(
 def test_validation_errors_release_the_claim(api: APIClient, key: str, exc: str) -> None:
     response = post(api, "/charges/", {"raise": exc}, key)
     assert response.status_code == 400
-    assert not IdempotencyRecord.objects.exists()
+    assert not claims().exists()
 
 
 def test_long_custom_fingerprints_and_scopes_fit_the_columns(api: APIClient, key: str) -> None:
@@ -331,7 +331,7 @@ def test_unsupported_media_type_is_released_so_the_corrected_retry_runs(
     body = '{"label": "a"}'
     wrong = api.post("/charges/", body, content_type="text/plain", HTTP_IDEMPOTENCY_KEY=key)
     assert wrong.status_code == 415
-    assert not IdempotencyRecord.objects.exists()
+    assert not claims().exists()
     again = api.post("/charges/", body, content_type="text/plain", HTTP_IDEMPOTENCY_KEY=key)
     assert again["Idempotent-Replayed"] == "true", "an uncorrected retry is served from the guard"
     fixed = api.post("/charges/", body, content_type="application/json", HTTP_IDEMPOTENCY_KEY=key)

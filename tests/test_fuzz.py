@@ -469,7 +469,9 @@ def exercise(request: Request) -> None:
         assert first.charges == 0
 
     record = IdempotencyRecord.objects.filter(scope=f"user:{user.pk}").first()
-    assert record is None or record.status == "completed", "no claim outlives its request"
+    assert record is None or record.status in ("completed", "released"), (
+        "no claim outlives its request"
+    )
     if record is not None:
         assert record.key == verdict
     if verdict not in (None, "invalid") and request.covered and 200 <= first.status < 300:
@@ -576,6 +578,10 @@ def test_over_deep_json_is_no_worse_with_a_key(db: Any, body: Body, key: str) ->
     retried = send(client, Request("POST", "/charges/", key, body))
     event(f"without a key: {plain.outcome}")
     assert keyed.outcome == retried.outcome == plain.outcome
+    if plain.status < 500:
+        # This Python parses that depth (3.13 parses 2,000): the usual lifecycle.
+        assert (keyed.charges, retried.charges) == (1, 0)
+        return
     assert not IdempotencyRecord.objects.filter(scope=f"user:{user.pk}").exists()
     assert keyed.charges == retried.charges == 0
 

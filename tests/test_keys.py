@@ -49,7 +49,9 @@ def test_parse_key_refuses_with_a_reason(raw: str, reason: str) -> None:
         keys.parse_key(raw)
 
 
-def _request(path: str, body: bytes, content_type: str = "application/json", **extra: Any) -> Any:
+def _request(
+    path: str, body: bytes | str, content_type: str = "application/json", **extra: Any
+) -> Any:
     request = RequestFactory().post(path, body, content_type=content_type, **extra)
     request.resolver_match = resolve(path.split("?")[0])
     request.content_type = content_type  # what DRF's Request exposes
@@ -87,6 +89,79 @@ def test_unparseable_json_falls_back_to_raw_bytes(body: bytes) -> None:
     assert len(keys.fingerprint(_request("/charges/", body))) == 64
 
 
+def test_integers_beyond_64_bits_stay_distinct_and_order_free() -> None:
+    """orjson would read both as the float 2e+19: one request."""
+    big = keys.fingerprint(_request("/charges/", b'{"amount": 20000000000000000000, "a": 1}'))
+    bigger = keys.fingerprint(_request("/charges/", b'{"amount": 20000000000000000001, "a": 1}'))
+    reordered = keys.fingerprint(_request("/charges/", b'{"a": 1, "amount": 20000000000000000000}'))
+    assert big != bigger
+    assert big == reordered
+
+
+def test_json_only_the_standard_library_reads_still_ignores_key_order() -> None:
+    first = b'{"a": "\\ud800", "b": 1}'
+    second = b'{"b": 1, "a": "\\ud800"}'
+    assert keys.fingerprint(_request("/charges/", first)) == keys.fingerprint(
+        _request("/charges/", second)
+    )
+
+
+def test_the_same_data_is_one_request_whichever_parser_read_it() -> None:
+    """A 19-digit run sends a body to the standard library: it must still
+    write the data as orjson does."""
+    long_form = b'{"fee": 0.5000000000000000000, "label": "Jos\\u00e9"}'
+    short_form = '{"label": "José", "fee": 0.5}'.encode()
+    assert keys.fingerprint(_request("/charges/", long_form)) == keys.fingerprint(
+        _request("/charges/", short_form)
+    )
+
+
+@pytest.mark.parametrize(
+    "refused, accepted",
+    [
+        (b'\xef\xbb\xbf{"amount": 2500}', b'{"amount": 2500}'),  # a UTF-8 BOM
+        ('{"amount": 2500}'.encode("utf-16"), b'{"amount": 2500}'),
+        (b'{"amount": NaN}', b'{"amount": null}'),
+        (b'{"amount": 1e400}', b'{"amount": null}'),
+    ],
+)
+def test_a_body_the_view_refuses_is_not_the_corrected_one(refused: bytes, accepted: bytes) -> None:
+    """DRF refuses these (400), or reads 1e400 as an infinity that no JSON
+    can write back: fingerprinted as their bytes, never as the corrected body."""
+    assert keys.canonical_body(_request("/charges/", refused), refused) == refused
+    assert keys.fingerprint(_request("/charges/", refused)) != keys.fingerprint(
+        _request("/charges/", accepted)
+    )
+
+
+def test_the_declared_charset_decides_what_the_view_sees() -> None:
+    """DRF decodes with the declared charset. As Latin-1, the bytes
+    b"Jos\\xc3\\xa9" are "JosÃ©": another payee than "Jos\\u00e9" ("José"),
+    which they would be as UTF-8, and the same as the escaped "JosÃ©"."""
+    latin1 = "application/json; charset=iso-8859-1"
+    raw = _request("/charges/", '{"label": "JosÃ©"}', latin1)  # sent as Latin-1
+    assert raw.body == b'{"label": "Jos\xc3\xa9"}'
+    other_payee = _request("/charges/", '{"label": "Jos\\u00e9"}', latin1)
+    same_payee = _request("/charges/", '{"label": "Jos\\u00c3\\u00a9"}', latin1)
+    assert keys.fingerprint(raw) != keys.fingerprint(other_payee)
+    assert keys.fingerprint(raw) == keys.fingerprint(same_payee)
+
+
+def _form(data: dict[str, Any]) -> Any:
+    request = RequestFactory().post("/charges/", data)  # multipart
+    request.resolver_match = resolve("/charges/")
+    return request
+
+
+def test_a_repeated_form_field_counts_its_order_but_fields_do_not() -> None:
+    """A view reading getlist("recipient") sees the order of the values."""
+    alice_first = keys.fingerprint(_form({"recipient": ["alice", "bob"], "amount": "5"}))
+    bob_first = keys.fingerprint(_form({"recipient": ["bob", "alice"], "amount": "5"}))
+    reordered_fields = keys.fingerprint(_form({"amount": "5", "recipient": ["alice", "bob"]}))
+    assert alice_first != bob_first
+    assert alice_first == reordered_fields
+
+
 def test_large_json_is_hashed_without_reserialising() -> None:
     body = b'{"pad": "' + b"x" * (keys.CANONICAL_JSON_MAX_BYTES + 1) + b'"}'
     assert keys.canonical_body(_request("/charges/", body), body) is body
@@ -106,6 +181,6 @@ def test_named_query_params_and_headers_join_the_fingerprint() -> None:
 
 def test_long_scopes_are_hashed_not_truncated() -> None:
     long_a, long_b = "t" * 300 + "a", "t" * 300 + "b"
-    assert keys.bounded_scope("user:1") == "user:1"
-    assert len(keys.bounded_scope(long_a)) <= 255
-    assert keys.bounded_scope(long_a) != keys.bounded_scope(long_b)
+    assert keys.bounded("user:1") == "user:1"
+    assert len(keys.bounded(long_a)) <= 255
+    assert keys.bounded(long_a) != keys.bounded(long_b)

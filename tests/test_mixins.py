@@ -6,7 +6,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from idempotency_app.models import IdempotencyRecord
-from tests.conftest import post
+from tests.conftest import claims, post
 from tests.testapp.models import Charge
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -44,7 +44,7 @@ def test_viewset_create_replays(api: APIClient, key: str) -> None:
 def test_viewset_serializer_error_is_a_transient_400(api: APIClient, key: str) -> None:
     bad = post(api, "/viewset-charges/", {"label": "v", "amount": -1}, key)
     assert bad.status_code == 400
-    assert not IdempotencyRecord.objects.exists()
+    assert not claims().exists()
     assert (
         post(api, "/viewset-charges/", {"label": "v", "amount": -1}, key)["Idempotent-Replayed"]
         == "true"

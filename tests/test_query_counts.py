@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
-from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from idempotency_app import clock
@@ -31,9 +30,27 @@ VIEW_TABLES = (Charge._meta.db_table.lower(), LedgerEntry._meta.db_table.lower()
 BODY = {"label": "a", "amount": 5}
 URL = "/charges/"
 
+
 # The statement(s) that claim a key and, when it is taken, read the record.
-CLAIM_FOUND = ["claim+read"] if connection.vendor == "postgresql" else ["claim", "read"]
+def _one_statement_claim() -> bool:
+    """PostgreSQL, and MariaDB 10.5+ outside a transaction, read the record a
+    claim meets in the claim statement itself."""
+    if connection.vendor == "postgresql":
+        return True
+    if connection.vendor != "mysql":
+        return False
+    connection.ensure_connection()
+    return bool(connection.mysql_is_mariadb and connection.mysql_version >= (10, 5))
+
+
 CLAIM_WON = ["claim+read"] if connection.vendor == "postgresql" else ["claim"]
+
+
+def claim_found() -> list[str]:
+    """The claim of a key that is taken, outside a transaction."""
+    return CLAIM_WON if _one_statement_claim() else ["claim", "read"]
+
+
 VIEW = ["view", "view"]
 
 
@@ -64,9 +81,17 @@ def label(sql: str) -> str | None:
 
 
 def statements(call: Callable[[], Any]) -> tuple[list[str], Any]:
-    with CaptureQueriesContext(connection) as captured:
+    """Every statement sent, including one that failed (MySQL's claim meets
+    a taken key as a duplicate-key error), which the query log can miss."""
+    sent: list[str] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
         result = call()
-    labels = [label(q["sql"]) for q in captured.captured_queries]
+    labels = [label(sql) for sql in sent]
     return [name for name in labels if name is not None], result
 
 
@@ -84,15 +109,15 @@ def test_replay_is_one_lookup(api: APIClient, key: str) -> None:
     send(api, key)()
     counted, response = statements(send(api, key))
     assert response["Idempotent-Replayed"] == "true"
-    assert counted == CLAIM_FOUND
-    assert len(counted) == (1 if connection.vendor == "postgresql" else 2)
+    assert counted == claim_found()
+    assert len(counted) == (1 if _one_statement_claim() else 2)
 
 
 def test_mismatch_is_one_lookup(api: APIClient, key: str) -> None:
     send(api, key)()
     counted, response = statements(send(api, key, {"label": "other"}))
     assert response.status_code == 422
-    assert counted == CLAIM_FOUND
+    assert counted == claim_found()
 
 
 def test_conflict_is_one_lookup(api: APIClient, key: str) -> None:
@@ -107,7 +132,7 @@ def test_conflict_is_one_lookup(api: APIClient, key: str) -> None:
     )
     counted, response = statements(send(api, key))
     assert response.status_code == 409
-    assert counted == CLAIM_FOUND
+    assert counted == claim_found()
 
 
 def test_no_key_costs_nothing(api: APIClient) -> None:
@@ -124,14 +149,15 @@ def test_released_outcome_rolls_back_and_deletes(api: APIClient, key: str) -> No
 
 
 def test_guard_hit_claims_then_releases(api: APIClient, key: str) -> None:
-    """The guard is read under a won claim, so a hit still claims and
-    releases; only the view and the completion are saved."""
+    """A validation error releases its claim leaving a marker; the retry
+    takes the marker over (which tells it to read the guard) and leaves it
+    again. Only the view and the completion are saved."""
     counted, first = statements(send(api, key, {"raise": "validation"}))
     assert first.status_code == 400
-    assert counted == [*CLAIM_WON, "delete"]
+    assert counted == [*CLAIM_WON, "update"]
     counted, again = statements(send(api, key, {"raise": "validation"}))
     assert again["Idempotent-Replayed"] == "true"
-    assert counted == [*CLAIM_WON, "delete"]
+    assert counted == [*claim_found(), "update", "update"]
 
 
 def test_expired_record_is_taken_over(api: APIClient, key: str) -> None:
@@ -141,7 +167,7 @@ def test_expired_record_is_taken_over(api: APIClient, key: str) -> None:
         counted, response = statements(send(api, key))
     assert response.status_code == 201
     assert "Idempotent-Replayed" not in response
-    assert counted == [*CLAIM_FOUND, "update", *VIEW, "update"]
+    assert counted == [*claim_found(), "update", *VIEW, "update"]
 
 
 def test_nested_mode_adds_one_savepoint(api: APIClient, key: str) -> None:
@@ -152,3 +178,44 @@ def test_nested_mode_adds_one_savepoint(api: APIClient, key: str) -> None:
     counted, response = statements(inside_outer_transaction)
     assert response.status_code == 201
     assert counted == ["savepoint", *CLAIM_WON, *VIEW, "update", "release savepoint"]
+
+
+def test_the_first_claim_of_a_new_thread_takes_the_one_statement_form() -> None:
+    """A thread's first query opens its connection, which reports autocommit
+    off until then: a claim that is the first query of a new worker thread
+    must still commit on its own (PostgreSQL, without waiting for the
+    flush) and read a taken key in the same statement (MariaDB 10.5+)."""
+    import threading
+
+    from django.db import connections
+
+    from idempotency_app import service
+
+    one_statement = _one_statement_claim()
+    service.claim("tenant", "first-query", "op")
+    sent: list[str] = []
+    outcome: list[BaseException] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(" ".join(sql.split()).lower())
+        return execute(sql, params, many, context)
+
+    def in_a_new_thread() -> None:
+        try:
+            with connections["default"].execute_wrapper(record):
+                service.claim("tenant", "first-query", "op")
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=in_a_new_thread)
+    thread.start()
+    thread.join(30)
+    assert [type(exc) for exc in outcome] == [service.KeyInProgress]
+    claims = [sql for sql in sent if RECORDS in sql]
+    assert len(claims) == (1 if one_statement else 2), claims
+    if connection.vendor == "postgresql":
+        assert "synchronous_commit" in claims[0]
+    elif one_statement:
+        assert "returning" in claims[0]

@@ -32,7 +32,7 @@ from idempotency_app.cache import guard
 from idempotency_app.decorators import idempotent
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import Identity
-from tests.conftest import needs_redis, post
+from tests.conftest import claims, needs_redis, post
 from tests.testapp.models import Charge, LedgerEntry
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.test_security")]
@@ -320,6 +320,21 @@ def test_tenant_scope_isolates_tenants(api: APIClient, key: str) -> None:
     ]
 
 
+def test_a_scope_hook_patched_by_a_test_is_the_one_that_runs(
+    api: APIClient, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hook named by its path is looked up per request, not kept from the
+    first one: a test that patches it sees its patch."""
+    with override_settings(IDEMPOTENCY=TENANT_SCOPE):
+        post(api, "/charges/", {"label": "a"}, key, HTTP_X_TENANT="acme")
+        monkeypatch.setattr("tests.test_security.tenant_scope", lambda request: "patched")
+        post(api, "/charges/", {"label": "a"}, key, HTTP_X_TENANT="acme")
+    assert sorted(IdempotencyRecord.objects.values_list("scope", flat=True)) == [
+        "patched",
+        "tenant:acme",
+    ]
+
+
 @pytest.mark.parametrize(
     ("one", "two"),
     [
@@ -449,11 +464,23 @@ def test_one_row_per_fresh_key_and_none_per_retry(api: APIClient) -> None:
     assert IdempotencyRecord.objects.count() == 20
 
 
-@pytest.mark.parametrize("body", [{"respond": 500}, {"respond": 409}, {"respond": 429}, INVALID])
+@pytest.mark.parametrize("body", [{"respond": 500}, {"respond": 409}, {"respond": 429}])
 def test_released_outcomes_leave_no_row(api: APIClient, body: dict[str, Any]) -> None:
     for i in range(10):
         post(api, "/charges/", body, f"fresh-{i}")
     assert not IdempotencyRecord.objects.exists()
+
+
+def test_a_validation_error_leaves_a_marker_without_its_response(api: APIClient) -> None:
+    """A marker per key for TRANSIENT_ERROR_TTL, holding no response (that
+    is in the guard's cache), swept like an expired record."""
+    for i in range(10):
+        post(api, "/charges/", INVALID, f"fresh-{i}")
+    markers = IdempotencyRecord.objects.all()
+    assert markers.count() == 10
+    assert {(r.status, r.response_body, r.response_status) for r in markers} == {
+        ("released", None, None)
+    }
 
 
 def test_one_cache_entry_per_scope_key_and_fingerprint(
@@ -468,7 +495,7 @@ def test_one_cache_entry_per_scope_key_and_fingerprint(
     other.force_authenticate(other_user)
     post(other, "/charges/", INVALID, key)
     assert _transient_entries() == 4
-    assert not IdempotencyRecord.objects.exists()
+    assert not claims().exists()
 
 
 def test_guard_can_be_switched_off(api: APIClient) -> None:

@@ -548,6 +548,11 @@ def claim_with_a_short_lock_wait(wait: float) -> service.Held | service.Done:
     return service.claim(SCOPE, "evt_1", OP, wait=wait)
 
 
+# Well beyond MariaDB's shortest lock wait (1 s), so that a duplicate started
+# late on a loaded machine still meets the held row rather than its absence.
+HOLD_SECONDS = 3.5
+
+
 def holding_an_uncommitted_claim(seconds: float) -> threading.Thread:
     """A thread whose transaction inserted the key's row, holds it for
     ``seconds`` (a duplicate's INSERT waits on it) and then rolls back."""
@@ -573,11 +578,11 @@ def holding_an_uncommitted_claim(seconds: float) -> threading.Thread:
 def test_a_lock_timeout_while_claiming_is_retried_within_the_wait(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    thread = holding_an_uncommitted_claim(1.5)
+    thread = holding_an_uncommitted_claim(HOLD_SECONDS)
     with caplog.at_level("INFO", logger="idempotency_app"):
         [outcome] = in_threads(1, lambda: claim_with_a_short_lock_wait(wait=10))
     thread.join(10)
-    assert "Lock conflict claiming idempotency key evt_1" in caplog.text
+    assert "Lock conflict claiming idempotency key 'evt_1'" in caplog.text
     assert isinstance(outcome, service.Held), outcome
     assert record().status == "in_progress"
 
@@ -586,7 +591,7 @@ def test_a_lock_timeout_while_claiming_is_retried_within_the_wait(
 def test_a_lock_timeout_in_a_hand_managed_transaction_is_not_retried() -> None:
     """With autocommit off, the server may have rolled back the caller's
     earlier work with the failed statement: answer at once, let them decide."""
-    thread = holding_an_uncommitted_claim(1.5)
+    thread = holding_an_uncommitted_claim(HOLD_SECONDS)
 
     def claim_without_autocommit() -> Any:
         transaction.set_autocommit(False)
@@ -603,7 +608,7 @@ def test_a_lock_timeout_in_a_hand_managed_transaction_is_not_retried() -> None:
 
 @needs_server_db
 def test_a_lock_timeout_without_a_wait_is_a_conflict() -> None:
-    thread = holding_an_uncommitted_claim(1.5)
+    thread = holding_an_uncommitted_claim(HOLD_SECONDS)
     [outcome] = in_threads(1, lambda: claim_with_a_short_lock_wait(wait=0))
     thread.join(10)
     assert isinstance(outcome, service.KeyInProgress), outcome
@@ -710,4 +715,122 @@ def test_a_killed_worker_leaves_no_partial_rows_and_runs_once_after_the_lease() 
         runs = [deliver("evt_1") for _ in range(3)]
     assert [r.should_execute for r in runs] == [True, False, False]
     assert Charge.objects.count() == 1 and LedgerEntry.objects.count() == 1
+    assert record().status == "completed"
+
+
+# -- no success without committed work ----------------------------------------
+
+
+def test_a_block_that_marks_its_transaction_for_rollback_is_not_stored() -> None:
+    with (
+        pytest.raises(service.WorkRolledBack, match="rolled back"),
+        service.once(SCOPE, "evt_1", OP) as run,
+    ):
+        run.result = charge("doomed")
+        transaction.set_rollback(True)
+    assert (Charge.objects.count(), IdempotencyRecord.objects.count()) == (0, 0)
+    assert deliver("evt_1").should_execute, "released: the next delivery runs"
+
+
+def test_a_task_that_marks_its_transaction_for_rollback_raises() -> None:
+    @service.idempotent_task(key=lambda event: event["id"], scope=SCOPE)
+    def handle(event: dict[str, Any]) -> dict[str, Any]:
+        result = charge(event["id"])
+        transaction.set_rollback(True)
+        return result
+
+    with pytest.raises(service.WorkRolledBack):
+        handle({"id": "evt_1"})
+    assert (Charge.objects.count(), IdempotencyRecord.objects.count()) == (0, 0)
+
+
+def test_completing_inside_a_doomed_transaction_is_refused() -> None:
+    held = hold("evt_1")
+    with transaction.atomic():
+        charge("doomed")
+        transaction.set_rollback(True)
+        with pytest.raises(service.WorkRolledBack):
+            service.complete(held, {"ok": True})
+    assert record().status == "in_progress", "nothing claims a success that never commits"
+
+
+def test_a_nested_once_for_the_same_key_is_part_of_the_same_run() -> None:
+    with service.once(SCOPE, "evt_1", OP) as outer:
+        with service.once(SCOPE, "evt_1", OP) as inner:
+            assert inner.should_execute
+            inner.result = charge("inner")
+        outer.result = {"inner": inner.result}
+    assert outer.result == {"inner": {"charge": Charge.objects.get().pk, "label": "inner"}}
+    assert deliver("evt_1").replayed
+
+
+def test_keys_reach_log_lines_escaped(caplog: pytest.LogCaptureFixture) -> None:
+    key = "evt_1\r\nWARNING forged line"
+    with clock.freeze():
+        hold(key, lease=1)
+        clock.advance(2)
+        with caplog.at_level("INFO", logger="idempotency_app"):
+            deliver(key)
+    messages = [r.getMessage() for r in caplog.records if r.name == "idempotency_app"]
+    assert messages, "the takeover is logged"
+    assert all("\r" not in m and "\n" not in m for m in messages), messages
+
+
+def test_a_database_that_refuses_connections_is_store_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.test_core import database_down
+
+    with database_down(monkeypatch), pytest.raises(service.StoreUnavailable):
+        service.claim(SCOPE, "evt_1", OP)
+    assert deliver("evt_1").should_execute
+
+
+# -- renew() -----------------------------------------------------------------
+
+
+def lease_seen_from_outside(key: str) -> Any:
+    """The lease as another connection sees it: what other workers judge."""
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute(
+                f"SELECT locked_until FROM {IdempotencyRecord._meta.db_table} WHERE {other.ops.quote_name('key')} = %s",
+                [key],
+            )
+            return cursor.fetchone()[0]
+    finally:
+        other.close()
+
+
+@needs_server_db
+def test_renew_inside_once_commits_at_once_and_holds_no_lock() -> None:
+    """Other workers see the longer lease while the work still runs, and a
+    duplicate gets KeyInProgress at once instead of waiting on a row lock."""
+    with service.once(SCOPE, "evt_1", OP, lease=LEASE) as run:
+        before = lease_seen_from_outside("evt_1")
+        assert run.renew(3600)
+        after = lease_seen_from_outside("evt_1")
+        assert after > before
+
+        def duplicate() -> Any:
+            try:
+                return service.claim(SCOPE, "evt_1", OP)
+            except service.KeyInProgress as exc:
+                return exc
+
+        [outcome] = in_threads(1, duplicate)
+        assert isinstance(outcome, service.KeyInProgress), outcome
+        run.result = charge("long")
+    assert record().status == "completed"
+
+
+def test_renew_of_a_nested_claim_needs_no_write() -> None:
+    with transaction.atomic():
+        held = hold("evt_1")
+        assert held.nested
+        with CaptureQueriesContext(connection) as queries:
+            assert service.renew(held, 600)
+        assert not queries.captured_queries
+        service.complete(held, {"ok": True})
     assert record().status == "completed"

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from io import StringIO
 from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
+from django.db.models.signals import pre_delete
 
 from idempotency_app import clock
 from idempotency_app.models import IdempotencyRecord
@@ -46,10 +51,11 @@ def make(
 
 
 def sweep(*args: str, **options: Any) -> str:
+    """The command's output, its duration left out."""
     out = StringIO()
     with clock.freeze(NOW):
         call_command("sweep_idempotency", *args, stdout=out, stderr=StringIO(), **options)
-    return out.getvalue()
+    return re.sub(r" in \d+\.\d\d s\.$", ".", out.getvalue(), flags=re.MULTILINE)
 
 
 def keys() -> set[str]:
@@ -127,17 +133,72 @@ def test_dry_run_progress_says_would(settings: Any) -> None:
     ]
 
 
-def test_max_batches_bounds_the_whole_run(settings: Any) -> None:
+def test_max_batches_bounds_each_pass_and_says_when_more_remain(settings: Any) -> None:
+    """A backlog left by --max-batches is an error (exit status 1), so cron
+    with -v 0 learns that the sweep falls behind; stale claims get their own
+    batches, never skipped because expired records used them all."""
     for i in range(7):
         make(f"expired-{i}", expires_in=-1)
-    make("stale", IN_PROGRESS, lease_left=-1000)
-    assert sweep("--batch-size", "3", "--max-batches", "2") == (
-        "Deleted 6 expired records and 0 stale claims.\n"
-    )
+    for i in range(7):
+        make(f"stale-{i}", IN_PROGRESS, lease_left=-1000)
+    with pytest.raises(CommandError, match="More expired records and stale claims remain"):
+        sweep("--batch-size", "3", "--max-batches", "2", verbosity=0)
+    assert len(keys()) == 2, "6 of each deleted, one of each left"
     assert sweep("--batch-size", "3", "--max-batches", "2") == (
         "Deleted 1 expired records and 1 stale claims.\n"
     )
     assert keys() == set()
+
+
+def test_a_run_that_finishes_within_max_batches_is_no_error(settings: Any) -> None:
+    for i in range(6):
+        make(f"expired-{i}", expires_in=-1)
+    assert sweep("--batch-size", "3", "--max-batches", "2") == (
+        "Deleted 6 expired records and 0 stale claims.\n"
+    )
+
+
+def test_a_dry_run_ending_on_a_full_batch_reports_no_backlog(settings: Any) -> None:
+    for i in range(6):
+        make(f"expired-{i}", expires_in=-1)
+    assert sweep("--dry-run", "--batch-size", "3", "--max-batches", "2") == (
+        "Would delete 6 expired records and 0 stale claims.\n"
+    )
+    make("expired-6", expires_in=-1)
+    with pytest.raises(CommandError, match="More expired records remain"):
+        sweep("--dry-run", "--batch-size", "3", "--max-batches", "2", verbosity=0)
+    assert len(keys()) == 7, "a dry run deletes nothing"
+
+
+def test_a_batch_shortened_by_a_takeover_still_reports_the_backlog(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A retry takes over a stale claim between the batch's SELECT and its
+    DELETE: the batch deletes fewer rows than it selected, yet more remain."""
+    from idempotency_app import sweep as sweep_module
+
+    for i in range(10):
+        make(f"stale-{i}", IN_PROGRESS, lease_left=-1000)
+    real = sweep_module.delete_where
+
+    def after_a_takeover(records: Any, using: str) -> int:
+        taken = records.order_by("pk").first()
+        IdempotencyRecord.objects.filter(pk=taken.pk).update(status="completed")
+        return real(records, using)
+
+    monkeypatch.setattr(sweep_module, "delete_where", after_a_takeover)
+    with pytest.raises(CommandError, match="More stale claims remain"):
+        sweep("--batch-size", "3", "--max-batches", "1", verbosity=0)
+    assert len(keys()) == 8, "2 of the 3 selected deleted, the taken-over one kept"
+
+
+def test_the_totals_line_says_how_long_it_took(mixed: None) -> None:
+    out = StringIO()
+    with clock.freeze(NOW):
+        call_command("sweep_idempotency", stdout=out)
+    assert re.fullmatch(
+        r"Deleted 3 expired records and 1 stale claims in \d+\.\d\d s\.\n", out.getvalue()
+    )
 
 
 def test_verbosity_zero_is_silent(mixed: None) -> None:
@@ -172,4 +233,40 @@ def test_uses_the_idempotency_clock(mixed: None) -> None:
     out = StringIO()
     with clock.freeze(NOW + timedelta(hours=2)):
         call_command("sweep_idempotency", "--stale-after", "100000", stdout=out)
-    assert out.getvalue() == "Deleted 8 expired records and 0 stale claims.\n"
+    assert out.getvalue().startswith("Deleted 8 expired records and 0 stale claims in ")
+
+
+@contextlib.contextmanager
+def completed_just_before_the_delete(key: str) -> Iterator[list[str]]:
+    """The claim's owner completes it between the sweep's (or the admin's)
+    choice of rows and its DELETE, with a ``pre_delete`` receiver connected,
+    as many projects have one. Yields every statement sent."""
+    table = IdempotencyRecord._meta.db_table
+    sent: list[str] = []
+
+    def owner_completes(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)
+        if sql.lstrip().upper().startswith("DELETE") and table in sql:
+            IdempotencyRecord.objects.filter(key=key).update(
+                status=COMPLETED, locked_until=None, response_status=201
+            )
+        return execute(sql, params, many, context)
+
+    def audit(**kwargs: Any) -> None:
+        pass
+
+    pre_delete.connect(audit, sender=IdempotencyRecord, dispatch_uid="test-audit")
+    try:
+        with connection.execute_wrapper(owner_completes):
+            yield sent
+    finally:
+        pre_delete.disconnect(sender=IdempotencyRecord, dispatch_uid="test-audit")
+
+
+def test_a_claim_completed_during_the_sweep_is_kept_whatever_the_receivers() -> None:
+    make("stale-claim", IN_PROGRESS, lease_left=-LEASE - 1)
+    with completed_just_before_the_delete("stale-claim") as sent:
+        output = sweep()
+    assert output == "Deleted 0 expired records and 0 stale claims.\n"
+    assert IdempotencyRecord.objects.get(key="stale-claim").status == COMPLETED
+    assert not [sql for sql in sent if "response_body" in sql], "no body is ever loaded"

@@ -15,3 +15,15 @@ class LedgerEntry(models.Model):
 
     charge = models.ForeignKey(Charge, on_delete=models.CASCADE)
     amount = models.IntegerField()
+
+
+class Tag(models.Model):
+    """Unique, for the "already exists, fine" pattern."""
+
+    name = models.CharField(max_length=100, unique=True)
+
+
+class AuditEntry(models.Model):
+    """Written to another database by the views that must be refused."""
+
+    note = models.CharField(max_length=100)

@@ -1,0 +1,133 @@
+"""What the indexes of migration 0004 cost a claim and its completion.
+
+    .venv/bin/python -m benchmarks.index_cost [--database mysql] [--pairs 3000]
+
+Two copies of the records table side by side, one with every index the
+migrations create and one without the three that 0004 adds (scope, in-progress
+leases, creation time). The library's own claim and completion statements run
+against both, alternating in batches so that whatever else the machine does
+weighs on both alike, each pair on a fresh key (the write path). Prints the
+median and p99 of a claim + completion, and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import uuid
+from typing import Any
+
+from benchmarks.common import percentile, setup_django, table
+
+NEW_INDEXES = ("idempotency_scope_idx", "idempotency_lease_idx", "idempotency_created_idx")
+BATCH = 50
+
+
+def copies(connection: Any) -> dict[str, str]:
+    """Create the two copies; their names by variant."""
+    from idempotency_app.models import IdempotencyRecord
+
+    q = connection.ops.quote_name
+    source = IdempotencyRecord._meta.db_table
+    names = {"with": f"{source}_with", "without": f"{source}_without"}
+    with connection.cursor() as cursor:
+        for name in names.values():
+            cursor.execute(f"DROP TABLE IF EXISTS {q(name)}")
+            if connection.vendor == "postgresql":
+                cursor.execute(f"CREATE TABLE {q(name)} (LIKE {q(source)} INCLUDING ALL)")
+            else:
+                cursor.execute(f"CREATE TABLE {q(name)} LIKE {q(source)}")
+        for index in NEW_INDEXES:
+            if connection.vendor == "postgresql":
+                cursor.execute(
+                    "SELECT indexname FROM pg_indexes WHERE tablename = %s AND indexdef LIKE %s",
+                    [names["without"], f"%{_column(index)}%"],
+                )
+                for (found,) in cursor.fetchall():
+                    cursor.execute(f"DROP INDEX IF EXISTS {q(found)}")
+            else:
+                cursor.execute(f"ALTER TABLE {q(names['without'])} DROP INDEX {q(index)}")
+    return names
+
+
+def _column(index: str) -> str:
+    return {"idempotency_scope_idx": "scope, id", "idempotency_lease_idx": "locked_until",
+            "idempotency_created_idx": "created_at"}[index]  # fmt: skip
+
+
+def statements(connection: Any, table_name: str) -> tuple[str, str]:
+    """The library's claim (outside a transaction) and completion, on ``table_name``."""
+    from idempotency_app import store
+    from idempotency_app.models import IdempotencyRecord
+
+    sql = store._statements(connection.alias)
+    original = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
+    quoted = connection.ops.quote_name(table_name)
+    return sql.claim.replace(original, quoted), sql.complete.replace(original, quoted)
+
+
+def pair(connection: Any, claim: str, complete: str) -> float:
+    """One fresh claim and its completion; seconds."""
+    from django.db import transaction
+
+    from idempotency_app import clock
+
+    vendor = connection.vendor
+    key, token = str(uuid.uuid4()), uuid.uuid4().hex
+    values = ["user:1", key, "POST charges/", "f" * 64, token]
+    values += [clock.param(vendor, 0), clock.param(vendor, 86400), clock.param(vendor, 60)]
+    if vendor == "postgresql":
+        stamp = clock.param(vendor, 0)
+        values += ["user:1", key, stamp, stamp, "user:1", key]
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute(claim, values)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            complete,
+            [clock.param(vendor, 86400), 201, "[]", b'{"id": 1}', "user:1", key, token],
+        )
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--database", default="postgres", choices=("postgres", "mysql"))
+    parser.add_argument(
+        "--pairs", type=int, default=3000, help="claim + completion pairs per variant"
+    )
+    args = parser.parse_args()
+    os.environ["IDEMPOTENCY_BENCH_DB"] = args.database
+    setup_django()
+    from django.core.management import call_command
+    from django.db import connection
+
+    call_command("migrate", verbosity=0, interactive=False)
+    names = copies(connection)
+    plans = {variant: statements(connection, name) for variant, name in names.items()}
+    times: dict[str, list[float]] = {variant: [] for variant in names}
+    for _ in range(BATCH):  # warm-up
+        for claim, complete in plans.values():
+            pair(connection, claim, complete)
+    for _ in range(args.pairs // BATCH):
+        for variant, (claim, complete) in plans.items():
+            times[variant] += [pair(connection, claim, complete) for _ in range(BATCH)]
+    rows = []
+    for variant, values in times.items():
+        rows.append([
+            variant, len(values), f"{statistics.median(values) * 1000:.3f}",
+            f"{percentile(values, 0.99) * 1000:.3f}",
+        ])  # fmt: skip
+    ratio = statistics.median(times["with"]) / statistics.median(times["without"])
+    print(f"{connection.vendor}: a fresh claim + its completion, with and without 0004's indexes")
+    print(table(["indexes", "pairs", "p50 ms", "p99 ms"], rows))
+    print(f"p50 with / without: {ratio:.3f}x")
+    with connection.cursor() as cursor:
+        for name in names.values():
+            cursor.execute(f"DROP TABLE IF EXISTS {connection.ops.quote_name(name)}")
+
+
+if __name__ == "__main__":
+    main()

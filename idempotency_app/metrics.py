@@ -1,0 +1,76 @@
+"""Prometheus metrics, built on the library's signals.
+
+Registered in ``prometheus_client``'s default registry, the one that
+django-prometheus's ``/metrics`` view, ``prometheus_client``'s own exporters
+and its multiprocess collector all read: a project that already exports
+metrics gets these with no configuration. Imported by
+``IdempotencyConfig.ready()`` when ``prometheus_client`` is installed
+(the ``metrics`` extra).
+
+- ``idempotency_outcomes_total{outcome, operation}``: ``executed``,
+  ``replayed``, ``conflict``, ``mismatch``, ``takeover``, ``guard_hit`` and
+  ``store_unavailable``. The operation is the method and route pattern
+  (``POST api/accounts/<int:account_id>/charges/``), so the label's values
+  are as few as the routes; keys and scopes are never labels.
+- ``idempotency_claim_seconds{decision}``: how long a claim took to decide
+  ``claimed``, ``replayed``, ``conflict`` or ``mismatch`` (``error`` when
+  the database failed). A claim that waited for an in-flight duplicate
+  (``WAIT_FOR_IN_FLIGHT``) includes the wait.
+
+The receivers only touch in-process counters: no I/O, no database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.dispatch import Signal
+from prometheus_client import Counter, Histogram
+
+from idempotency_app import core, signals
+
+OUTCOMES = Counter(
+    "idempotency_outcomes",
+    "Idempotent requests and tasks by what happened to them.",
+    ["outcome", "operation"],
+)
+CLAIM_SECONDS = Histogram(
+    "idempotency_claim_seconds",
+    "Time to claim an idempotency key, by what the claim decided.",
+    ["decision"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+COUNTED: dict[str, Signal] = {
+    "executed": signals.executed,
+    "replayed": signals.replayed,
+    "conflict": signals.conflict,
+    "mismatch": signals.mismatch,
+    "takeover": signals.takeover,
+    "guard_hit": signals.guard_hit,
+    "store_unavailable": signals.store_unavailable,
+}
+DECISIONS: dict[type, str] = {
+    core.Claim: "claimed",
+    core.Replay: "replayed",
+    core.InProgress: "conflict",
+    core.Mismatch: "mismatch",
+}
+
+
+def _counter(outcome: str) -> Callable[..., None]:
+    def count(sender: Any, identity: Any, **kwargs: Any) -> None:
+        OUTCOMES.labels(outcome, identity.operation).inc()
+
+    return count
+
+
+def observe_claim(sender: Any, seconds: float, decision: Any = None, **kwargs: Any) -> None:
+    CLAIM_SECONDS.labels(DECISIONS.get(type(decision), "error")).observe(seconds)
+
+
+# Kept referenced here: signals hold their receivers weakly.
+_receivers = {outcome: _counter(outcome) for outcome in COUNTED}
+for _outcome, _signal in COUNTED.items():
+    _signal.connect(_receivers[_outcome], dispatch_uid=f"idempotency_app.metrics.{_outcome}")
+signals.claim_timed.connect(observe_claim, dispatch_uid="idempotency_app.metrics.claim")

@@ -1,0 +1,168 @@
+"""Prometheus metrics from the signals: counters by outcome and operation,
+the claim histogram, and the example project's /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import DatabaseError
+from django.dispatch import Signal
+from django.test.utils import override_settings
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+from rest_framework.test import APIClient
+
+from idempotency_app import clock, service, signals, store
+from tests.conftest import post
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OPERATION = "POST charges/"
+
+
+def outcome(name: str, operation: str = OPERATION) -> float:
+    value = REGISTRY.get_sample_value(
+        "idempotency_outcomes_total", {"outcome": name, "operation": operation}
+    )
+    return value or 0.0
+
+
+def claims(decision: str) -> float:
+    return (
+        REGISTRY.get_sample_value("idempotency_claim_seconds_count", {"decision": decision}) or 0.0
+    )
+
+
+class Delta:
+    """Counters' growth over a block."""
+
+    def __init__(self, read: dict[str, Any]) -> None:
+        self.read = read
+        self.before = {name: get() for name, get in read.items()}
+
+    def __call__(self) -> dict[str, float]:
+        return {name: get() - self.before[name] for name, get in self.read.items()}
+
+
+def test_executed_replayed_and_mismatch_by_operation(api: APIClient, key: str) -> None:
+    delta = Delta(
+        {
+            "executed": lambda: outcome("executed"),
+            "replayed": lambda: outcome("replayed"),
+            "mismatch": lambda: outcome("mismatch"),
+            "claimed": lambda: claims("claimed"),
+            "replay claims": lambda: claims("replayed"),
+        }
+    )
+    post(api, "/charges/", {"amount": 1}, key)
+    post(api, "/charges/", {"amount": 1}, key)
+    post(api, "/charges/", {"amount": 2}, key)
+    assert delta() == {
+        "executed": 1,
+        "replayed": 1,
+        "mismatch": 1,
+        "claimed": 1,
+        "replay claims": 1,
+    }
+
+
+def test_the_retry_storm_guard(api: APIClient, key: str) -> None:
+    delta = Delta({"guard": lambda: outcome("guard_hit"), "executed": lambda: outcome("executed")})
+    for _ in range(3):
+        assert post(api, "/charges/", {"raise": "validation"}, key).status_code == 400
+    assert delta() == {"guard": 2, "executed": 1}
+
+
+def test_conflict_and_takeover_from_the_service_api() -> None:
+    operation = "tests.metrics"
+    delta = Delta(
+        {
+            "conflict": lambda: outcome("conflict", operation),
+            "takeover": lambda: outcome("takeover", operation),
+        }
+    )
+    with clock.freeze():
+        service.claim("metrics", "k1", operation, lease=5)
+        with pytest.raises(service.KeyInProgress):
+            service.claim("metrics", "k1", operation, lease=5)
+        clock.advance(6)
+        service.claim("metrics", "k1", operation, lease=5)
+    assert delta() == {"conflict": 1, "takeover": 1}
+
+
+@pytest.fixture
+def broken_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise DatabaseError("the database refused the claim")
+
+    monkeypatch.setattr(store, "insert_or_fetch", refuse)
+    yield
+
+
+def test_store_unavailable(api: APIClient, key: str, broken_store: None) -> None:
+    delta = Delta(
+        {"unavailable": lambda: outcome("store_unavailable"), "error": lambda: claims("error")}
+    )
+    assert post(api, "/charges/", {"amount": 1}, key).status_code == 503
+    assert delta() == {"unavailable": 1, "error": 1}
+
+
+def test_claim_latency_is_observed_in_seconds(api: APIClient, key: str) -> None:
+    before = (
+        REGISTRY.get_sample_value("idempotency_claim_seconds_sum", {"decision": "claimed"}) or 0
+    )
+    post(api, "/charges/", {"amount": 1}, key)
+    spent = REGISTRY.get_sample_value("idempotency_claim_seconds_sum", {"decision": "claimed"})
+    assert spent is not None and 0 < spent - before < 5
+
+
+def test_timed_measures_only_while_someone_listens() -> None:
+    signal = Signal()
+    calls: list[dict[str, Any]] = []
+
+    @signals.timed(signal)
+    def decide(identity: str, fail: bool = False) -> str:
+        if fail:
+            raise ValueError("no")
+        return f"decided {identity}"
+
+    assert decide("a") == "decided a"  # nobody listens: nothing sent
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        calls.append(kwargs)
+
+    signal.connect(receiver)
+    assert decide("b") == "decided b"
+    with pytest.raises(ValueError):
+        decide("c", fail=True)
+    assert [(c["identity"], c["decision"]) for c in calls] == [("b", "decided b"), ("c", None)]
+    assert all(0 <= c["seconds"] < 1 for c in calls)
+
+
+def scrape(client: APIClient) -> dict[tuple[str, str], float]:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    values = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        if family.name == "idempotency_outcomes":
+            for sample in family.samples:
+                if sample.name == "idempotency_outcomes_total":
+                    values[(sample.labels["outcome"], sample.labels["operation"])] = sample.value
+    return values
+
+
+@override_settings(ROOT_URLCONF="example_project.urls")
+def test_the_example_project_serves_them_at_metrics(api: APIClient, user: Any, key: str) -> None:
+    from example_project.payments.models import Account
+
+    account = Account.objects.create(owner=user, name="main", balance=1000)
+    operation = "POST api/accounts/<int:account_id>/charges/"
+    before = scrape(api)
+    url = f"/api/accounts/{account.pk}/charges/"
+    post(api, url, {"amount": 10}, key)
+    post(api, url, {"amount": 10}, key)
+    after = scrape(api)
+    for name in ("executed", "replayed"):
+        assert after[(name, operation)] - before.get((name, operation), 0) == 1

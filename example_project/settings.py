@@ -7,14 +7,22 @@ EXAMPLE_DB          sqlite (default) | postgres | mysql
 EXAMPLE_DB_HOST     default 127.0.0.1; EXAMPLE_DB_NAME default "test";
                     EXAMPLE_DB_USER default postgres / root; EXAMPLE_DB_PASSWORD
 EXAMPLE_REDIS_URL   e.g. redis://127.0.0.1:6379/1; unset = local-memory cache
+EXAMPLE_SQLITE_PATH the SQLite file; default example.sqlite3 beside this file
+EXAMPLE_ERROR_FORMAT  detail (default) | problem | handler (IDEMPOTENCY["ERROR_FORMAT"])
+
+It also shows the consumer's side: an OpenAPI schema at /api/schema/
+(drf-spectacular), CORS for a browser client on another origin
+(django-cors-headers) and Prometheus metrics at /metrics (django-prometheus).
 """
 
 from __future__ import annotations
 
 import os
+from importlib.util import find_spec
 from pathlib import Path
 
 import django
+from corsheaders.defaults import default_headers
 
 BASE_DIR = Path(__file__).resolve().parent
 SECRET_KEY = os.environ.get("EXAMPLE_SECRET_KEY", "example-only-not-secret")
@@ -22,6 +30,7 @@ DEBUG = os.environ.get("EXAMPLE_DEBUG", "1") == "1"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 ROOT_URLCONF = "example_project.urls"
 WSGI_APPLICATION = "example_project.wsgi.application"
+ASGI_APPLICATION = "example_project.asgi.application"  # uvicorn example_project.asgi:application
 USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"
@@ -35,10 +44,25 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
+    "corsheaders",
+    "django_prometheus",
     "idempotency_app",
     "example_project.payments",
 ]
+# The webhook enqueues a receipt task (payments/tasks.py) with django.tasks.
+# With django-tasks-db the task is a row in this database, run by
+# `python manage.py db_worker`; without it, the task runs as it is enqueued.
+if find_spec("django_tasks_db") is not None and (
+    django.VERSION >= (6, 0) or find_spec("django_tasks") is not None
+):
+    INSTALLED_APPS.append("django_tasks_db")
+    TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+else:
+    _tasks = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
+    TASKS = {"default": {"BACKEND": f"{_tasks}.backends.immediate.ImmediateBackend"}}
 MIDDLEWARE = [
+    "corsheaders.middleware.CorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -87,7 +111,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": BASE_DIR / "example.sqlite3",
+            "NAME": os.environ.get("EXAMPLE_SQLITE_PATH", BASE_DIR / "example.sqlite3"),
             # Writers queue instead of failing with "database is locked" when a
             # duplicate's claim lands while a request's transaction runs.
             "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20}
@@ -115,7 +139,25 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # drf-spectacular's AutoSchema, plus the idempotency protocol on every
+    # idempotent operation and the API's own errors.
+    "DEFAULT_SCHEMA_CLASS": "example_project.payments.schema.AutoSchema",
 }
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Example payments API",
+    "DESCRIPTION": "Charges, refunds and accounts, safe to retry with an Idempotency-Key header.",
+    "VERSION": "1.0.0",
+    # Request bodies get their own components, with the constraints that
+    # only apply to input (a name may not be blank).
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# A browser client served from another origin (a single-page app on :5173,
+# say) may send the key and read the protocol's headers; checks W008 and
+# W009 say what is missing here.
+CORS_ALLOWED_ORIGINS = ["http://localhost:5173", "http://127.0.0.1:5173"]
+CORS_ALLOW_HEADERS = (*default_headers, "idempotency-key")
+CORS_EXPOSE_HEADERS = ["Idempotent-Replayed", "Idempotency-Expires", "Retry-After", "Location"]
 
 IDEMPOTENCY = {
     "TTL": 24 * 3600,
@@ -124,6 +166,7 @@ IDEMPOTENCY = {
     # No cron needed for the example: a finished request sweeps expired keys
     # at most every 5 minutes (each round shows in the admin).
     "AUTO_SWEEP_INTERVAL": 300,
+    "ERROR_FORMAT": os.environ.get("EXAMPLE_ERROR_FORMAT", "detail"),
 }
 
 LOGGING = {

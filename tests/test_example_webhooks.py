@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
@@ -67,7 +68,7 @@ def test_an_event_delivered_ten_times_is_credited_once(payments: Any, account: A
     assert bodies[0]["result"]["status"] == "credited"
     assert models.ProviderPayment.objects.count() == 1
     assert balance(account) == 500
-    record = IdempotencyRecord.objects.get()
+    record = IdempotencyRecord.objects.get(scope="provider:acme")
     assert (record.scope, record.key, record.operation) == (
         "provider:acme",
         "evt_1",
@@ -273,3 +274,23 @@ def test_a_bad_simulated_delay_is_a_client_error(payments: Any, account: Any, de
     assert response.status_code == 400, response.content
     assert "simulate_delay" in response.json()
     assert balance(account) == 0
+
+
+def test_the_webhook_enqueues_the_receipt_once(payments: Any, account: Any) -> None:
+    webhooks, models = payments
+    for _ in range(3):
+        assert send(webhooks, event("evt_r", account)).status_code == 200
+    payment = models.ProviderPayment.objects.get()
+    assert IdempotencyRecord.objects.filter(scope="receipts").count() == 1
+    if "django_tasks_db" in settings.INSTALLED_APPS:
+        from django_tasks_db.models import DBTaskResult
+
+        task = DBTaskResult.objects.get()
+        assert task.task_path == "example_project.payments.tasks.send_receipt"
+        assert models.Receipt.objects.count() == 0, "the worker sends it"
+        from example_project.payments.tasks import send_receipt
+
+        # What db_worker does with the row, twice (a re-run): one receipt.
+        first = send_receipt.call(payment.pk)
+        assert send_receipt.call(payment.pk) == first
+    assert models.Receipt.objects.get().payment == payment

@@ -45,3 +45,16 @@ class ProviderPayment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.provider} event {self.event_id}"
+
+
+class Receipt(models.Model):
+    """Sent by a task once per credited provider payment (see payments/tasks.py).
+    One per payment: a second execution would fail on the unique constraint."""
+
+    payment = models.OneToOneField(
+        ProviderPayment, on_delete=models.PROTECT, related_name="receipt"
+    )
+    sent_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"Receipt for {self.payment}"

@@ -19,11 +19,8 @@ class ChargeSerializer(serializers.ModelSerializer[Charge]):
         model = Charge
         fields = ["id", "account", "amount", "description", "created_at"]
         read_only_fields = ["account", "created_at"]
-
-    def validate_amount(self, value: int) -> int:
-        if value <= 0:
-            raise serializers.ValidationError("Must be a positive number of cents.")
-        return value
+        # In the schema too: a charge of 0 cents is refused.
+        extra_kwargs = {"amount": {"min_value": 1}}
 
 
 class RefundSerializer(serializers.ModelSerializer[Refund]):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 
 from django.conf import settings
-from django.db.models import F, QuerySet
+from django.db.models import F, ProtectedError, QuerySet
 from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status, viewsets
 from rest_framework.decorators import api_view
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -24,16 +25,36 @@ from idempotency_app.decorators import idempotent
 from idempotency_app.mixins import IdempotentMixin
 
 
+class AccountInUse(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "account_in_use"
+    default_detail = "This account has payments, so it is kept."
+
+
+@extend_schema_view(
+    destroy=extend_schema(
+        responses={204: None, 409: OpenApiResponse(description=AccountInUse.default_detail)}
+    )
+)
 class AccountViewSet(IdempotentMixin, viewsets.ModelViewSet[Account]):
     """The mixin covers POST and PATCH (creating and renaming accounts)."""
 
     serializer_class = AccountSerializer
 
     def get_queryset(self) -> QuerySet[Account]:
+        if getattr(self, "swagger_fake_view", False):  # the schema is being generated
+            return Account.objects.none()
         return Account.objects.filter(owner=self.request.user)
 
     def perform_create(self, serializer: AccountSerializer) -> None:  # type: ignore[override]
         serializer.save(owner=self.request.user)
+
+    def perform_destroy(self, instance: Account) -> None:
+        """Money history is never deleted: an account with payments stays."""
+        try:
+            instance.delete()
+        except ProtectedError as exc:
+            raise AccountInUse() from exc
 
 
 MAX_SIMULATED_DELAY = 30
@@ -55,6 +76,7 @@ def simulated_delay(request: Request) -> float:
     return seconds
 
 
+@extend_schema(request=ChargeSerializer, responses={201: ChargeSerializer})
 @api_view(["POST"])
 @idempotent(required=True)
 def create_charge(request: Request, account_id: int) -> Response:
@@ -77,6 +99,7 @@ def create_charge(request: Request, account_id: int) -> Response:
 
 
 class RefundView(APIView):
+    @extend_schema(request=RefundSerializer, responses={201: RefundSerializer})
     @idempotent(ttl=7 * 24 * 3600)
     def post(self, request: Request, charge_id: int) -> Response:
         charge = get_object_or_404(Charge, pk=charge_id, account__owner=request.user)

@@ -25,7 +25,9 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from example_project.payments.models import Account, ProviderPayment
+from example_project.payments.tasks import send_receipt
 from idempotency_app import service
+from idempotency_app.service.enqueue import enqueue_once
 
 # Signing secrets by provider; the example's default is for local use only.
 PROVIDERS = {"acme": os.environ.get("EXAMPLE_ACME_WEBHOOK_SECRET", "acme-example-secret")}
@@ -68,6 +70,9 @@ def apply_event(provider: str, event: dict[str, Any]) -> dict[str, Any]:
         account=account, provider=provider, event_id=str(event["id"]), amount=amount
     )
     Account.objects.filter(pk=account.pk).update(balance=F("balance") + amount)
+    # Enqueued in this transaction: with the database task backend the task
+    # row commits with the credit, once per event however often it arrives.
+    enqueue_once(send_receipt, payment.pk, key=f"{provider}:{event['id']}", scope="receipts")
     return {"status": "credited", "payment": payment.pk, "account": account.pk, "amount": amount}
 
 

@@ -1,35 +1,110 @@
-"""What the bench scripts share: the database, the schema and the machine notes."""
+"""What the bench scripts share: the databases, the schema and the machine notes."""
 
 from __future__ import annotations
 
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = "benchmarks.benchproject.settings"
+VENDORS = {"postgres": "postgresql", "mysql": "mysql"}
+# The tables the benchmarks write to, emptied before and after a run.
+BENCH_TABLES = ("idempotency_app_idempotencyrecord", "bench_ledgerentry", "bench_charge")
 
 
-def setup_django() -> None:
-    """Configure Django with the bench settings, creating the database if missing."""
-    os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
+def library_shim(checkout: Path) -> tempfile.TemporaryDirectory[str]:
+    """A directory holding only a link to ``checkout``'s ``idempotency_app``.
+    First on the import path, it makes that checkout's package win while the
+    benchmarks still come from here, so one command measures an earlier
+    version of the library (``python -m`` would otherwise put this checkout
+    first, whatever ``PYTHONPATH`` says)."""
+    package = checkout.resolve() / "idempotency_app"
+    if not (package / "__init__.py").exists():
+        raise RuntimeError(f"{checkout} holds no idempotency_app package")
+    shim = tempfile.TemporaryDirectory(prefix="idempotency-bench-library-")
+    (Path(shim.name) / "idempotency_app").symlink_to(package)
+    return shim
+
+
+def imports_from(path: str, checkout: Path) -> bool:
+    """Whether ``path`` (an ``idempotency_app.__file__``) is ``checkout``'s package."""
+    return Path(os.path.realpath(path)).parent == checkout.resolve() / "idempotency_app"
+
+
+def git_describe(checkout: Path) -> str:
+    """The commit a checkout is at, and whether its library has local changes."""
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(checkout), "log", "-1", "--format=%h %s"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(checkout), "status", "--porcelain", "--", "idempotency_app"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "not a git checkout"
+    return rev + (" (+ uncommitted changes to idempotency_app)" if dirty else "")
+
+
+def use_database(name: str) -> None:
+    """Choose the backend (postgres or mysql) for this process and for every
+    process it starts (gunicorn, micro.py, the sweep command), which read it
+    from the environment through the bench settings."""
+    os.environ["IDEMPOTENCY_BENCH_DB"] = name
+
+
+def setup_django(settings: str = SETTINGS) -> None:
+    """Configure Django with the bench settings, creating the databases if missing."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = settings
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     import django
 
     django.setup()
-    ensure_database()
+    ensure_databases()
 
 
-def ensure_database() -> None:
-    import psycopg
+def vendor(alias: str = "default") -> str:
+    from django.db import connections
+
+    return str(connections[alias].vendor)
+
+
+def ensure_databases() -> None:
+    """The bench database and the home of the large tables: a schema of it on
+    PostgreSQL, a database of its own on MariaDB (utf8mb4, as the app needs)."""
     from django.conf import settings
 
     db = settings.DATABASES["default"]
+    bench: str = settings.BENCH_NAME
+    large: str = settings.LARGE
+    if vendor() == "mysql":
+        import MySQLdb
+
+        conn = MySQLdb.connect(
+            host=db["HOST"], port=int(db["PORT"]), user=db["USER"], password=db["PASSWORD"]
+        )
+        try:
+            cursor = conn.cursor()
+            for name in (bench, large):
+                cursor.execute(f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4")
+        finally:
+            conn.close()
+        return
+    import psycopg
+
     params = {
         "host": db["HOST"],
         "port": db["PORT"],
@@ -37,24 +112,36 @@ def ensure_database() -> None:
         "password": db["PASSWORD"],
     }
     with psycopg.connect(dbname="postgres", autocommit=True, **params) as conn:
-        found = conn.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", [db["NAME"]]
-        ).fetchone()
+        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [bench]).fetchone()
         if found is None:
-            conn.execute(f'CREATE DATABASE "{db["NAME"]}"')
+            conn.execute(f'CREATE DATABASE "{bench}"')
+    with psycopg.connect(dbname=bench, autocommit=True, **params) as conn:
+        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{large}"')
+
+
+def truncate(tables: tuple[str, ...], alias: str = "default") -> None:
+    """Empty ``tables`` and restart their ids, on either backend (MariaDB
+    refuses to truncate a table that a foreign key points at unless the
+    checks are off for the session)."""
+    from django.db import connections
+
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("SET FOREIGN_KEY_CHECKS = 0")
+            for table in tables:
+                cursor.execute(f"TRUNCATE TABLE {table}")
+            cursor.execute("SET FOREIGN_KEY_CHECKS = 1")
+        else:
+            cursor.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY")
 
 
 def reset_schema() -> None:
     """Migrate, then empty the tables the benchmarks write to."""
     from django.core.management import call_command
-    from django.db import connection
 
     call_command("migrate", verbosity=0, interactive=False)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "TRUNCATE idempotency_app_idempotencyrecord, bench_ledgerentry, bench_charge "
-            "RESTART IDENTITY"
-        )
+    truncate(BENCH_TABLES)
     flush_redis_prefix()
 
 
@@ -64,16 +151,32 @@ def flush_redis_prefix() -> None:
     cache.delete_pattern("*")  # type: ignore[attr-defined]
 
 
-def machine() -> dict[str, str]:
-    """Cores, CPU model and the versions that shape the figures."""
-    from django.core.cache import cache
+def database_notes() -> tuple[str, str]:
+    """The database's name and version, with the setting that decides what a
+    commit waits for: PostgreSQL's ``synchronous_commit``, InnoDB's
+    ``innodb_flush_log_at_trx_commit`` (1: flushed at every commit)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("SELECT VERSION(), @@innodb_flush_log_at_trx_commit, @@sync_binlog")
+            version, flush, sync_binlog = cursor.fetchone()
+            name = "mariadb" if "mariadb" in str(version).lower() else "mysql"
+            return name, (
+                f"{version} (innodb_flush_log_at_trx_commit={flush}, sync_binlog={sync_binlog})"
+            )
         cursor.execute(
             "SELECT current_setting('server_version'), current_setting('synchronous_commit')"
         )
-        pg_version, sync_commit = cursor.fetchone()
+        version, sync_commit = cursor.fetchone()
+        return "postgresql", f"{version} (synchronous_commit={sync_commit})"
+
+
+def machine() -> dict[str, str]:
+    """Cores, CPU model and the versions that shape the figures."""
+    from django.core.cache import cache
+
+    database, version = database_notes()
     redis_info = cache.client.get_client().info("server")  # type: ignore[attr-defined]
     cpu = "unknown"
     try:
@@ -83,7 +186,15 @@ def machine() -> dict[str, str]:
                 break
     except OSError:
         cpu = platform.processor() or "unknown"
-    packages = ("django", "djangorestframework", "psycopg", "gunicorn", "django-redis", "redis")
+    packages = (
+        "django",
+        "djangorestframework",
+        "psycopg",
+        "mysqlclient",
+        "gunicorn",
+        "django-redis",
+        "redis",
+    )
     versions = ", ".join(f"{name} {_version(name)}" for name in packages)
     return {
         "cores": str(os.cpu_count()),
@@ -91,7 +202,10 @@ def machine() -> dict[str, str]:
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "packages": versions,
-        "postgresql": f"{pg_version} (synchronous_commit={sync_commit})",
+        database: version,
+        "statements": "prepared (server-side binding)"
+        if os.environ.get("IDEMPOTENCY_BENCH_PREPARED") == "1"
+        else "client-side binding, never prepared (Django's default)",
         "redis": str(redis_info.get("redis_version")),
         "load": load_average(),
     }

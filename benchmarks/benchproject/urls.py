@@ -8,4 +8,5 @@ urlpatterns = [
     path("floor/", views.floor),
     path("plain/", views.plain),
     path("idem/", views.idem),
+    path("library/", views.library),
 ]

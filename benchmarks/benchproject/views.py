@@ -1,4 +1,4 @@
-"""The three views measured side by side.
+"""The views measured side by side, and one that says which library it runs.
 
 ``floor`` authenticates and returns; ``plain`` is a write view (two writes in
 one transaction); ``idem`` is the very same function under ``@idempotent``.
@@ -12,11 +12,12 @@ import os
 import time
 
 from django.db import transaction
+from django.http import HttpRequest, JsonResponse
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from benchmarks.benchproject import whatif
+import idempotency_app
 from benchmarks.benchproject.models import Charge, LedgerEntry
 from idempotency_app.decorators import idempotent
 
@@ -27,7 +28,15 @@ def floor(request: Request) -> Response:
     return Response({"ok": True, "worker": os.getpid()})
 
 
-SAVEPOINT = "no-savepoint" not in whatif.enabled()
+def library(request: HttpRequest) -> JsonResponse:
+    """Where this server imports ``idempotency_app`` from: an A/B run checks
+    that each server measures the checkout it should."""
+    return JsonResponse({"path": os.path.realpath(idempotency_app.__file__), "pid": os.getpid()})
+
+
+# micro.py switches it off to measure what the view's own savepoint costs
+# inside the decorator's transaction.
+SAVEPOINT = True
 
 
 def write(request: Request) -> Response:

@@ -354,12 +354,20 @@ def run(
     """
     if running(identity, policy.using) is not None:
         return Executed(work(), None)  # the enclosing run settles it
-    if in_transaction(policy.using):
-        return _run_nested(identity, work, settle, policy)
-    decision = claim(identity, policy)
-    if not isinstance(decision, Claim):
-        return decision
-    return execute(decision, work, settle, policy)
+    with claimed(identity, policy) as decision:
+        if not isinstance(decision, Claim):
+            return decision
+        return execute(decision, work, settle, policy)
+
+
+@contextlib.contextmanager
+def claimed(identity: Identity, policy: Policy) -> Iterator[Decision]:
+    """The claim's decision, for the body to run the work under. Inside a
+    transaction (nested mode) the claim, the work and the completion share
+    one savepoint, so a release is its rollback."""
+    nested = in_transaction(policy.using)
+    with UnitAtomic(policy.using) if nested else contextlib.nullcontext():
+        yield claim(identity, policy)
 
 
 def execute(
@@ -368,27 +376,10 @@ def execute(
     settle: Callable[[T], StoredResponse | Marked | None],
     policy: Policy,
 ) -> Executed[T] | RolledBack[T] | InProgress:
-    """Atomic mode: the work and the completion commit together or not at all."""
+    """The work and the completion commit together or not at all."""
     with unit_of_work(held, policy) as unit:
         value = work()
         unit.finish(value, settle(value))
-    return unit.outcome()
-
-
-def _run_nested(
-    identity: Identity,
-    work: Callable[[], T],
-    settle: Callable[[T], StoredResponse | Marked | None],
-    policy: Policy,
-) -> Executed[T] | RolledBack[T] | Replay | InProgress | Mismatch:
-    """Claim, work and completion in one savepoint: a release is its rollback."""
-    with UnitAtomic(policy.using):
-        decision = claim(identity, policy)
-        if not isinstance(decision, Claim):
-            return decision
-        with unit_of_work(decision, policy) as unit:
-            value = work()
-            unit.finish(value, settle(value))
     return unit.outcome()
 
 

@@ -19,7 +19,6 @@ from idempotency_app.service.results import (
     stored_result,
 )
 from idempotency_app.store import Identity
-from idempotency_app.work import UnitAtomic
 
 
 class Run:
@@ -101,16 +100,13 @@ def once(
     if not conf.ENABLED:
         yield Run(identity, Held(identity, "", policy))
         return
-    nested = core.in_transaction(policy.using)
-    # Nested, the claim shares a savepoint with the work: a failure rolls
-    # the claim back with the rest.
-    with UnitAtomic(policy.using) if nested else contextlib.nullcontext():
-        decision = decide(identity, policy)
-        if isinstance(decision, Done):
-            yield Run(identity, None, decision.result)
+    with core.claimed(identity, policy) as decision:
+        held = decide(decision, identity, policy)
+        if isinstance(held, Done):
+            yield Run(identity, None, held.result)
             return
-        run = Run(identity, decision)
-        with core.unit_of_work(decision.core_claim(), policy) as unit:
+        run = Run(identity, held)
+        with core.unit_of_work(held.core_claim(), policy) as unit:
             yield run
             stored = stored_result(encode(run.result))
             unit.finish(run.result, stored)

@@ -76,15 +76,15 @@ def claim(
     """
     identity = make_identity(scope, key, operation, fingerprint)
     policy = core.Policy.from_settings(ttl, lease, wait)
-    return decide(identity, policy)
+    return decide(core.claim(identity, policy), identity, policy)
 
 
 def held_from(claim: core.Claim, policy: core.Policy) -> Held:
     return Held(claim.identity, claim.token, policy, claim.nested, claim.origin)
 
 
-def decide(identity: Identity, policy: core.Policy) -> Held | Done:
-    decision = core.claim(identity, policy)
+def decide(decision: core.Decision, identity: Identity, policy: core.Policy) -> Held | Done:
+    """What the service API makes of a claim's decision."""
     if isinstance(decision, core.Claim):
         return held_from(decision, policy)
     if isinstance(decision, core.Replay):

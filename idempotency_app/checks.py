@@ -377,9 +377,11 @@ def check_transactions(
                 id="idempotency_app.W004",
             )
         )
+    from idempotency_app.store import narrow_mysql_charset
+
     database = settings.DATABASES[alias]
-    charset = str(dict(database.get("OPTIONS") or {}).get("charset", "utf8")).lower()
-    if "mysql" in database.get("ENGINE", "") and charset != "utf8mb4":
+    charset = narrow_mysql_charset(database)
+    if "mysql" in database.get("ENGINE", "") and charset is not None:
         errors.append(
             Warning(
                 f"Database {alias!r} is MySQL/MariaDB with the {charset} connection character "

@@ -178,10 +178,10 @@ def _statements(using: str) -> _Statements:
     else:
         claim = f"INSERT INTO {table} ({columns}) VALUES ({values}) {on_conflict}"
         claim_async = claim
-    charset = str(connection.settings_dict.get("OPTIONS", {}).get("charset", "utf8"))
     return _Statements(
         vendor=vendor,
-        narrow_charset=vendor == "mysql" and charset.lower() != "utf8mb4",
+        narrow_charset=vendor == "mysql"
+        and narrow_mysql_charset(connection.settings_dict) is not None,
         claim=claim,
         claim_async=claim_async,
         select=select,
@@ -222,6 +222,13 @@ def _statements(using: str) -> _Statements:
             f"UPDATE {table} SET {q('locked_until')} = {now} WHERE {where_token} AND {in_progress}"
         ),
     )
+
+
+def narrow_mysql_charset(settings_dict: dict[str, Any]) -> str | None:
+    """The connection character set a MySQL database entry asks for, when it
+    is not utf8mb4 (Django's default is utf8, which is utf8mb3)."""
+    charset = str(dict(settings_dict.get("OPTIONS") or {}).get("charset", "utf8")).lower()
+    return None if charset == "utf8mb4" else charset
 
 
 def vendor(using: str) -> str:

@@ -48,11 +48,10 @@ from typing import Any
 from django.db import connections
 
 from idempotency_app.conf import conf
+from idempotency_app.drf import EXPIRES_HEADER, REPLAYED_HEADER
 
 METHODS = ("post", "put", "patch", "delete")
-REPLAYED = "Idempotent-Replayed"
 ROUNDS = 3  # of concurrent duplicates, when the database refused every copy
-EXPIRES = "Idempotency-Expires"
 
 
 @dataclass(frozen=True)
@@ -101,19 +100,19 @@ def assert_idempotent(
     key = str(uuid.uuid4())
     first = _send(client, method, url, data, key, extra)
     _expect(first.status_code < 500, first, f"The first request failed with {first.status_code}")
-    _expect(REPLAYED not in first, first, "The first request with a new key was a replay")
+    _expect(REPLAYED_HEADER not in first, first, "The first request with a new key was a replay")
     _expect(
-        EXPIRES in first,
+        EXPIRES_HEADER in first,
         first,
-        f"The first request's {first.status_code} was not stored (no {EXPIRES} header): is "
+        f"The first request's {first.status_code} was not stored (no {EXPIRES_HEADER} header): is "
         f"{method.upper()} {url} covered by @idempotent or IdempotentMixin, and does it "
         "accept this body?",
     )
     replay = _send(client, method, url, data, key, extra)
     _expect(
-        replay.status_code == first.status_code and replay.get(REPLAYED) == "true",
+        replay.status_code == first.status_code and replay.get(REPLAYED_HEADER) == "true",
         replay,
-        f"The retry got {replay.status_code} ({REPLAYED}: {replay.get(REPLAYED)}), "
+        f"The retry got {replay.status_code} ({REPLAYED_HEADER}: {replay.get(REPLAYED_HEADER)}), "
         f"not a replay of the first {first.status_code}",
     )
     _expect(replay.content == first.content, replay, "The replay's body differs from the first")
@@ -156,7 +155,7 @@ def _duplicates_until_one_runs(
             return _send(c, method, url, data, key, extra)
 
         duplicates = _at_once(concurrent, send_copy, client)
-        ran = [r for r in duplicates if not _refused(r) and REPLAYED not in r]
+        ran = [r for r in duplicates if not _refused(r) and REPLAYED_HEADER not in r]
         statuses = [r.status_code for r in duplicates]
         _expect(
             len(ran) <= 1,

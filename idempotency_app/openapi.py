@@ -306,7 +306,7 @@ class IdempotencySchemaMixin:
             handler = self.view.get_exception_handler()
             if handler is drf_exception_handler:
                 return _object({"detail": {"type": "string"}}), "Detail"
-            if _is_standardized_errors(handler):
+            if problems.is_standardized_errors(handler):
                 error_type = "server_error" if status >= 500 else "client_error"
                 error = _object(
                     {"code": code, "detail": {"type": "string"}, "attr": {"nullable": True}}
@@ -332,11 +332,6 @@ class AutoSchema(IdempotencySchemaMixin, SpectacularAutoSchema):
 
 def _object(properties: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": list(properties)}
-
-
-def _is_standardized_errors(handler: Any) -> bool:
-    path = f"{getattr(handler, '__module__', '')}.{getattr(handler, '__qualname__', '')}"
-    return path == problems.STANDARDIZED_ERRORS_HANDLER
 
 
 def _merge(existing: dict[str, Any], ours: dict[str, Any]) -> None:

@@ -116,7 +116,7 @@ def check_error_format(
                 id="idempotency_app.E020",
             )
         )
-    if error_format == "detail" and _handler_path() == STANDARDIZED_ERRORS_HANDLER:
+    if error_format == "detail" and is_standardized_errors(api_settings.EXCEPTION_HANDLER):
         errors.append(
             Warning(
                 "REST_FRAMEWORK['EXCEPTION_HANDLER'] is drf-standardized-errors', which splits "
@@ -129,6 +129,7 @@ def check_error_format(
     return errors
 
 
-def _handler_path() -> str:
-    handler = api_settings.EXCEPTION_HANDLER
-    return f"{getattr(handler, '__module__', '')}.{getattr(handler, '__qualname__', '')}"
+def is_standardized_errors(handler: Any) -> bool:
+    """Whether ``handler`` is drf-standardized-errors' exception handler."""
+    path = f"{getattr(handler, '__module__', '')}.{getattr(handler, '__qualname__', '')}"
+    return path == STANDARDIZED_ERRORS_HANDLER

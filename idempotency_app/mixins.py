@@ -44,6 +44,13 @@ class IdempotentMixin:
                 "not have, so it would never cover a request. Base the view on DRF's APIView "
                 "(adrf's, for async handlers), or use service.once() inside the view."
             )
+        mro = cls.__mro__
+        if APIView in mro and mro.index(APIView) < mro.index(IdempotentMixin):
+            raise ImproperlyConfigured(
+                f"IdempotentMixin comes after DRF's APIView in {cls.__qualname__}'s bases: "
+                "APIView.initial() runs instead of the mixin's, so no request would be covered. "
+                f"List the mixin first: class {cls.__name__}(IdempotentMixin, <your DRF base>)."
+            )
         cls._idempotency_options = drf.declare(
             f"{cls.__module__}.{cls.__qualname__}",
             drf.Options(

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
-from rest_framework.test import APIClient
+from typing import Any
 
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from rest_framework import viewsets
+from rest_framework.test import APIClient
+from rest_framework.views import APIView
+
+from idempotency_app.mixins import IdempotentMixin
 from idempotency_app.models import IdempotencyRecord
 from tests.conftest import claims, post
 from tests.testapp.models import Charge
@@ -75,3 +81,22 @@ def test_viewset_missing_object_404_is_stored(api: APIClient, key: str) -> None:
 def test_reads_are_never_idempotent(api: APIClient, key: str) -> None:
     assert api.get("/viewset-charges/", HTTP_IDEMPOTENCY_KEY=key).status_code == 200
     assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.parametrize("base", [APIView, viewsets.ModelViewSet], ids=["APIView", "ModelViewSet"])
+def test_a_mixin_listed_after_the_drf_base_is_refused(base: type) -> None:
+    """After the base class, the mixin's initial() would never run: every
+    request would execute unprotected. Refused when the class is defined."""
+    with pytest.raises(ImproperlyConfigured, match=r"List the mixin first"):
+        type("MixinAfterBase", (base, IdempotentMixin), {"__module__": __name__})
+
+
+def test_the_mixin_may_follow_other_mixins() -> None:
+    class Audited:
+        def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
+            super().initial(request, *args, **kwargs)  # type: ignore[misc]
+
+    class View(Audited, IdempotentMixin, APIView):
+        pass
+
+    assert View.__mro__.index(IdempotentMixin) < View.__mro__.index(APIView)

@@ -411,6 +411,16 @@ class Unit(Generic[T]):
             )
         except DatabaseError as exc:
             transaction.set_rollback(True, using=held.using)
+            if _is_lock_conflict(exc):
+                # The record changed under the work's snapshot (a takeover at
+                # REPEATABLE READ) or a deadlock: lost like a takeover, a 409.
+                logger.warning(
+                    "Rolled back work on idempotency key %r: completing it met %s",
+                    held.identity.key,
+                    exc,
+                )
+                self.result = InProgress()
+                return
             if isinstance(exc, (OperationalError, InterfaceError)):
                 raise StoreUnavailable(str(exc)) from exc
             # The work left the transaction unusable (PostgreSQL aborts it at
@@ -505,8 +515,9 @@ def _completed(held: Claim) -> bool:
 
 
 def _uncommitted(held: Claim, value: T, exc: BaseException) -> RolledBack[T]:
-    """The commit failed: the outcome to report instead of the success."""
-    if isinstance(exc, (OperationalError, InterfaceError)):
+    """The commit failed: the outcome to report instead of the success. A
+    serialization failure is the work's, not the database's: rolled back."""
+    if isinstance(exc, (OperationalError, InterfaceError)) and not _is_lock_conflict(exc):
         raise StoreUnavailable(str(exc)) from exc
     if not isinstance(exc, DatabaseError):
         raise exc

@@ -406,6 +406,12 @@ def release(identity: Identity, token: str, using: str, marker: float = 0) -> bo
     return rowcount == 1
 
 
+def isolation_level(using: str) -> str:
+    """The PostgreSQL transaction's isolation level, as ``SHOW`` names it."""
+    _, row = _execute(using, "SHOW transaction_isolation", [])
+    return str(row[0])
+
+
 def renew(identity: Identity, token: str, lease: float, using: str, connection: Any = None) -> bool:
     """Extend the lease of a claim still held by ``token`` (through
     ``connection``, another connection to ``using``, when given)."""

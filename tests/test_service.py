@@ -3,12 +3,13 @@ the hand-driven functions, batch lookup and completion, derived keys."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
@@ -823,6 +824,93 @@ def test_renew_inside_once_commits_at_once_and_holds_no_lock() -> None:
         assert isinstance(outcome, service.KeyInProgress), outcome
         run.result = charge("long")
     assert record().status == "completed"
+
+
+needs_postgres = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="PostgreSQL's snapshot isolation levels"
+)
+
+
+@contextlib.contextmanager
+def session_isolation(level: str) -> Iterator[None]:
+    """This connection's transactions at ``level`` (as a payments database
+    configured with OPTIONS["isolation_level"] runs them)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {level}")
+    try:
+        yield
+    finally:
+        connection.close()
+
+
+def on_a_side_connection(sql: str, params: list[Any]) -> None:
+    side = connections.create_connection("default")
+    try:
+        with side.cursor() as cursor:
+            cursor.execute(sql, params)
+    finally:
+        side.close()
+
+
+@needs_postgres
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_renew_under_snapshot_isolation_lets_the_work_complete(level: str) -> None:
+    """A lease renewed on a side connection would change the record after
+    the work's snapshot, and the work could never complete it: every retry
+    would renew and fail again. At these levels the work's own transaction
+    carries the lease."""
+    with session_isolation(level), service.once(SCOPE, "evt_1", OP, lease=LEASE) as run:
+        Charge.objects.count()  # the work's first read takes its snapshot
+        assert run.renew(600)
+        run.result = charge("long task")
+    assert record().status == "completed" and Charge.objects.count() == 1
+
+
+@needs_postgres
+def test_a_takeover_after_the_snapshot_is_claim_lost_not_store_unavailable() -> None:
+    """At REPEATABLE READ a record taken over after the work's snapshot
+    fails the completion with a serialization error: the claim was lost
+    (409 for a view), the database is fine."""
+    table = IdempotencyRecord._meta.db_table
+    with (
+        session_isolation("REPEATABLE READ"),
+        pytest.raises(service.ClaimLost),
+        service.once(SCOPE, "evt_1", OP, lease=LEASE) as run,
+    ):
+        Charge.objects.count()
+        on_a_side_connection(
+            f'UPDATE {table} SET token = %s WHERE "key" = %s', ["the-new-owner", "evt_1"]
+        )
+        run.result = charge("lost")
+    assert Charge.objects.count() == 0 and record().token == "the-new-owner"
+
+
+@needs_postgres
+def test_a_serialization_failure_at_commit_is_work_rolled_back() -> None:
+    """SERIALIZABLE write skew: the work and another transaction each read
+    what the other writes. The work's commit fails; it did not happen, and a
+    retry runs it (not 503: the database is fine)."""
+    table = Charge._meta.db_table
+    side = connections.create_connection("default")
+    try:
+        with (
+            session_isolation("SERIALIZABLE"),
+            pytest.raises((service.WorkRolledBack, service.ClaimLost)),
+            service.once(SCOPE, "evt_1", OP) as run,
+        ):
+            Charge.objects.filter(label="other").count()
+            side.set_autocommit(False)
+            with side.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+                cursor.execute(f"SELECT count(*) FROM {table} WHERE label = 'work'")
+                cursor.execute(f"INSERT INTO {table} (label, amount) VALUES ('other', 1)")
+            run.result = charge("work")
+            side.commit()
+    finally:
+        side.close()
+    assert list(Charge.objects.values_list("label", flat=True)) == ["other"]
+    assert not IdempotencyRecord.objects.exists()
+    assert deliver("evt_1").should_execute
 
 
 def test_renew_of_a_nested_claim_needs_no_write() -> None:

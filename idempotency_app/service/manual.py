@@ -169,12 +169,26 @@ def renew(held: Held, lease: float | None = None) -> bool:
     using = held.policy.using
     if held.core_claim().uncommitted():
         return True
-    if not core.in_transaction(using) or store.vendor(using) == "sqlite":
-        # SQLite has one writer: a second connection would wait for the work's
-        # own transaction, whose lock keeps every duplicate waiting anyway.
+    if not core.in_transaction(using) or _renews_in_place(using):
         return store.renew(held.identity, held.token, seconds, using)
     side = connections.create_connection(using)
     try:
         return store.renew(held.identity, held.token, seconds, using, side)
     finally:
         side.close()
+
+
+def _renews_in_place(using: str) -> bool:
+    """Whether the work's own transaction must carry the new lease, which
+    then holds the row: duplicates and the sweep wait at it until the work
+    ends, rather than see the lease. SQLite has one writer, so a second
+    connection would wait for the work anyway. On PostgreSQL at REPEATABLE
+    READ or SERIALIZABLE, the work could not complete a row that another
+    connection changed after its snapshot."""
+    vendor = store.vendor(using)
+    if vendor == "sqlite":
+        return True
+    return vendor == "postgresql" and store.isolation_level(using) not in (
+        "read committed",
+        "read uncommitted",
+    )

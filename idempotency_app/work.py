@@ -49,7 +49,9 @@ _READ_ONLY = frozenset(
 _WRITE_IN_CTE = re.compile(r"\b(INSERT|UPDATE|DELETE|MERGE)\b", re.IGNORECASE)
 # Statements that end the current transaction; on MySQL, DDL and a few
 # others commit it implicitly.
-_ENDS_TRANSACTION = frozenset(("COMMIT", "BEGIN", "START", "END"))
+_ENDS_TRANSACTION = frozenset(("COMMIT", "BEGIN", "START", "END", "ABORT"))
+# Comments before a statement's first word: "-- note" lines and /* blocks */.
+_LEADING_COMMENTS = re.compile(r"\A(?:[\s(]+|--[^\n]*(?:\n|\Z)|/\*.*?\*/)+", re.DOTALL)
 _MYSQL_IMPLICIT_COMMIT = frozenset(
     {
         *("CREATE", "ALTER", "DROP", "TRUNCATE", "RENAME", "LOCK", "UNLOCK", "GRANT"),
@@ -138,13 +140,13 @@ def by_the_library() -> Iterator[None]:
 
 
 def _verb(sql: Any, context: dict[str, Any]) -> tuple[str, str]:
-    """The statement's first two words, upper-cased."""
+    """The statement's first two words, upper-cased, after any comments."""
     if not isinstance(sql, str):
         try:  # a psycopg sql.Composed
             sql = sql.as_string(context["cursor"].cursor)
         except Exception:
             sql = "?"
-    words = sql.lstrip(" (\n\t").split(None, 2)
+    words = _LEADING_COMMENTS.sub("", sql, count=1).split(None, 2)
     return (words[0].upper() if words else "", words[1].upper() if len(words) > 1 else "")
 
 

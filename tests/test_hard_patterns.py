@@ -425,6 +425,21 @@ def test_a_procedure_or_autocommit_never_commits_part_of_the_work(
             cursor.execute("DROP PROCEDURE IF EXISTS record_audit")
 
 
+@pytest.mark.parametrize("statement", ["-- settle now\nCOMMIT", "/* settle now */ COMMIT", "ABORT"])
+@override_settings(ROOT_URLCONF=URLCONF)
+def test_a_transaction_end_behind_a_comment_or_as_abort_is_refused(
+    quiet_api: APIClient, key: str, statement: str
+) -> None:
+    """A COMMIT behind a comment would commit the charge so far, and the 503
+    release only the rest; ABORT is PostgreSQL's ROLLBACK."""
+    if statement == "ABORT" and connection.vendor != "postgresql":
+        pytest.skip("ABORT is PostgreSQL's")
+    response = post(quiet_api, "/procedure-charge/", {"statement": statement}, key)
+    assert response.status_code == 500, "refused: CannotBeAtomic"
+    assert Charge.objects.filter(label="debit").count() == 0
+    assert not IdempotencyRecord.objects.exists()
+
+
 # -- content negotiation -------------------------------------------------------
 
 

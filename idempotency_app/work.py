@@ -50,8 +50,11 @@ _WRITE_IN_CTE = re.compile(r"\b(INSERT|UPDATE|DELETE|MERGE)\b", re.IGNORECASE)
 # Statements that end the current transaction; on MySQL, DDL and a few
 # others commit it implicitly.
 _ENDS_TRANSACTION = frozenset(("COMMIT", "BEGIN", "START", "END", "ABORT"))
-# Comments before a statement's first word: "-- note" lines and /* blocks */.
-_LEADING_COMMENTS = re.compile(r"\A(?:[\s(]+|--[^\n]*(?:\n|\Z)|/\*.*?\*/)+", re.DOTALL)
+# MySQL's executable comments: "/*!50000 ... */" and MariaDB's "/*M!100500 ... */"
+# hold SQL that runs; only their marker and version are skipped.
+_MYSQL_EXECUTABLE_COMMENT = re.compile(r"/\*M?!\d*")
+# The first two words; "/*!COMMIT*/" is the word COMMIT.
+_FIRST_WORDS = re.compile(r"\W*(\w+)(?:\W+(\w+))?")
 _MYSQL_IMPLICIT_COMMIT = frozenset(
     {
         *("CREATE", "ALTER", "DROP", "TRUNCATE", "RENAME", "LOCK", "UNLOCK", "GRANT"),
@@ -146,8 +149,47 @@ def _verb(sql: Any, context: dict[str, Any]) -> tuple[str, str]:
             sql = sql.as_string(context["cursor"].cursor)
         except Exception:
             sql = "?"
-    words = _LEADING_COMMENTS.sub("", sql, count=1).split(None, 2)
-    return (words[0].upper() if words else "", words[1].upper() if len(words) > 1 else "")
+    start = _statement_start(sql, context["connection"].vendor)
+    words = _FIRST_WORDS.match(sql, start)
+    if words is None:
+        return "", ""
+    first, second = words.groups()
+    return first.upper(), (second or "").upper()
+
+
+def _statement_start(sql: str, vendor: str) -> int:
+    """Where the statement's first word is, past whitespace, parentheses and
+    comments as the database reads them: "--" lines, "/* */" blocks (nested
+    on PostgreSQL), "#" lines and executable comments on MySQL."""
+    i, n = 0, len(sql)
+    while i < n:
+        if sql[i] in " \t\r\n(":
+            i += 1
+        elif sql.startswith("--", i) or (vendor == "mysql" and sql[i] == "#"):
+            end = sql.find("\n", i)
+            i = n if end < 0 else end + 1
+        elif vendor == "mysql" and (executable := _MYSQL_EXECUTABLE_COMMENT.match(sql, i)):
+            i = executable.end()
+        elif sql.startswith("/*", i):
+            i = _comment_end(sql, i, nested=vendor == "postgresql")
+        else:
+            break
+    return i
+
+
+def _comment_end(sql: str, start: int, nested: bool) -> int:
+    """The index after the block comment opened at ``start``."""
+    depth, i = 1, start + 2
+    while depth:
+        close = sql.find("*/", i)
+        if close < 0:
+            return len(sql)
+        opening = sql.find("/*", i, close) if nested else -1
+        if opening >= 0:
+            depth, i = depth + 1, opening + 2
+        else:
+            depth, i = depth - 1, close + 2
+    return i
 
 
 def _records_guard(using: str) -> Callable[..., Any]:

@@ -27,6 +27,7 @@ from rest_framework.test import APIClient
 from idempotency_app import clock, service
 from idempotency_app.decorators import idempotent
 from idempotency_app.models import IdempotencyRecord
+from idempotency_app.work import CannotBeAtomic
 from tests.conftest import needs_server_db, post
 from tests.testapp.models import AuditEntry, Charge, Tag
 
@@ -425,15 +426,31 @@ def test_a_procedure_or_autocommit_never_commits_part_of_the_work(
             cursor.execute("DROP PROCEDURE IF EXISTS record_audit")
 
 
-@pytest.mark.parametrize("statement", ["-- settle now\nCOMMIT", "/* settle now */ COMMIT", "ABORT"])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "-- settle now\nCOMMIT",
+        "/* settle now */ COMMIT",
+        "ABORT",
+        "/* nested /* on PostgreSQL */ comment */ COMMIT",
+        "# settle now\nCOMMIT",
+        "/*!COMMIT*/",
+        "/*!50000 COMMIT */",
+        "/*M! COMMIT */",
+    ],
+)
 @override_settings(ROOT_URLCONF=URLCONF)
 def test_a_transaction_end_behind_a_comment_or_as_abort_is_refused(
     quiet_api: APIClient, key: str, statement: str
 ) -> None:
     """A COMMIT behind a comment would commit the charge so far, and the 503
-    release only the rest; ABORT is PostgreSQL's ROLLBACK."""
-    if statement == "ABORT" and connection.vendor != "postgresql":
-        pytest.skip("ABORT is PostgreSQL's")
+    release only the rest. ABORT is PostgreSQL's ROLLBACK, whose block
+    comments nest; MySQL runs what its executable comments hold."""
+    postgres_only = statement == "ABORT" or "nested" in statement
+    if postgres_only and connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's syntax")
+    if statement.startswith(("#", "/*!", "/*M!")) and connection.vendor != "mysql":
+        pytest.skip("MySQL's comments")
     response = post(quiet_api, "/procedure-charge/", {"statement": statement}, key)
     assert response.status_code == 500, "refused: CannotBeAtomic"
     assert Charge.objects.filter(label="debit").count() == 0
@@ -542,6 +559,21 @@ def test_a_function_that_writes_to_another_database_is_refused(
         )
     failed = post(quiet_api, "/ledger-function/", {"provider_down": True}, key)
     assert failed.status_code == 500
+    assert AuditEntry.objects.using("other").count() == 0
+
+
+def test_a_write_to_another_database_in_an_executable_comment_is_refused() -> None:
+    """MySQL runs "/*!INSERT ... */ SELECT ..." as INSERT ... SELECT: a write,
+    however it starts."""
+    if connection.vendor != "mysql":
+        pytest.skip("MySQL's executable comments")
+    table = AuditEntry._meta.db_table
+    with (
+        pytest.raises(CannotBeAtomic),
+        service.once("webhooks:acme", "evt_1", "audit"),
+        connections["other"].cursor() as cursor,
+    ):
+        cursor.execute(f"/*!INSERT INTO {table} (note) */ SELECT 'audit'")
     assert AuditEntry.objects.using("other").count() == 0
 
 

@@ -218,7 +218,7 @@ def claim(identity: Identity, policy: Policy) -> Decision:
             if connections[policy.using].in_atomic_block:
                 # The failed statement spoiled the enclosing savepoint.
                 transaction.set_rollback(True, using=policy.using)
-            if _is_lock_conflict(exc):
+            if is_lock_conflict(exc):
                 logger.info("Lock conflict claiming idempotency key %r: %s", identity.key, exc)
                 # Inside a transaction, a deadlock may have rolled back more
                 # than our statement: retrying there would build on lost work.
@@ -242,7 +242,7 @@ _MYSQL_LOCK_ERRORS = {1205, 1213}
 _POSTGRES_LOCK_STATES = {"40P01", "55P03", "40001"}
 
 
-def _is_lock_conflict(exc: Exception) -> bool:
+def is_lock_conflict(exc: Exception) -> bool:
     cause = exc.__cause__ or exc
     if getattr(cause, "sqlstate", None) in _POSTGRES_LOCK_STATES:
         return True
@@ -411,7 +411,7 @@ class Unit(Generic[T]):
             )
         except DatabaseError as exc:
             transaction.set_rollback(True, using=held.using)
-            if _is_lock_conflict(exc):
+            if is_lock_conflict(exc):
                 # The record changed under the work's snapshot (a takeover at
                 # REPEATABLE READ) or a deadlock: lost like a takeover, a 409.
                 logger.warning(
@@ -517,7 +517,7 @@ def _completed(held: Claim) -> bool:
 def _uncommitted(held: Claim, value: T, exc: BaseException) -> RolledBack[T]:
     """The commit failed: the outcome to report instead of the success. A
     serialization failure is the work's, not the database's: rolled back."""
-    if isinstance(exc, (OperationalError, InterfaceError)) and not _is_lock_conflict(exc):
+    if isinstance(exc, (OperationalError, InterfaceError)) and not is_lock_conflict(exc):
         raise StoreUnavailable(str(exc)) from exc
     if not isinstance(exc, DatabaseError):
         raise exc

@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
 
 from idempotency_app import clock, service
@@ -911,6 +911,61 @@ def test_a_serialization_failure_at_commit_is_work_rolled_back() -> None:
     assert list(Charge.objects.values_list("label", flat=True)) == ["other"]
     assert not IdempotencyRecord.objects.exists()
     assert deliver("evt_1").should_execute
+
+
+def taken_over_elsewhere(key: str) -> None:
+    """Another worker's takeover, committed on its own connection."""
+    on_a_side_connection(
+        f'UPDATE {IdempotencyRecord._meta.db_table} SET token = %s WHERE "key" = %s',
+        ["the-new-owner", key],
+    )
+
+
+@needs_postgres
+def test_renew_after_a_takeover_at_repeatable_read_says_false() -> None:
+    """In place at REPEATABLE READ, renewing a record taken over after the
+    work's snapshot fails to serialize: that is False (taken over), and the
+    work does not commit."""
+    renewed = []
+    with (
+        session_isolation("REPEATABLE READ"),
+        pytest.raises((service.ClaimLost, service.WorkRolledBack)),
+        service.once(SCOPE, "evt_1", OP, lease=LEASE) as run,
+    ):
+        charge("before the takeover")
+        taken_over_elsewhere("evt_1")
+        renewed.append(run.renew(600))
+        if renewed[-1]:  # as the docs say: stop working once renew() says False
+            run.result = charge("after")
+    assert renewed == [False] and Charge.objects.count() == 0
+
+
+@needs_postgres
+def test_complete_by_hand_after_a_takeover_at_repeatable_read_is_claim_lost() -> None:
+    """The same lost claim through complete(): ClaimLost, not
+    StoreUnavailable (a queue would back off as for an outage)."""
+    with session_isolation("REPEATABLE READ"):
+        held = hold("evt_1")
+        with pytest.raises(service.ClaimLost), transaction.atomic():
+            Charge.objects.count()
+            taken_over_elsewhere("evt_1")
+            charge("lost")
+            service.complete(held, {"ok": True})
+    assert Charge.objects.count() == 0 and record().token == "the-new-owner"
+
+
+@needs_server_db
+def test_renew_after_a_caught_database_error_still_ends_rolled_back() -> None:
+    """The work caught a database error, so its transaction is marked for
+    rollback: renewing must not fail on that (the outcome is the rollback)."""
+    with pytest.raises(service.WorkRolledBack), service.once(SCOPE, "evt_1", OP) as run:
+        with contextlib.suppress(DatabaseError), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT 1/0" if connection.vendor == "postgresql" else "SELECT * FROM nowhere"
+            )
+        assert run.renew(600)
+        run.result = {"ok": True}
+    assert not IdempotencyRecord.objects.exists()
 
 
 def test_renew_of_a_nested_claim_needs_no_write() -> None:

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, connections, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 
 from idempotency_app import core, signals, store
 from idempotency_app.service.errors import (
@@ -128,22 +128,33 @@ def complete_many(items: Iterable[tuple[Held, Any]]) -> list[Any]:
     try:
         with transaction.atomic(using=using):
             for held, response in pending:
+                lost = held
                 if not store.complete(held.identity, held.token, response, held.policy.ttl, using):
-                    lost = held
                     raise ClaimLost(held.key)
+            lost = None
     except (OperationalError, InterfaceError) as exc:
-        raise StoreUnavailable(str(exc)) from exc
-    except ClaimLost:
-        if connections[using].in_atomic_block:
-            # The work in the caller's transaction must not commit either,
-            # even if the caller catches ClaimLost and carries on.
-            transaction.set_rollback(True, using=using)
+        if not core.is_lock_conflict(exc):
+            raise StoreUnavailable(str(exc)) from exc
+        # The record changed under the caller's snapshot (a takeover at
+        # REPEATABLE READ) or a deadlock: the claim is lost, not the database.
         assert lost is not None
-        signals.conflict.send(core.Claim, identity=lost.identity)
+        _lose(lost, using)
+        raise ClaimLost(lost.key) from exc
+    except ClaimLost:
+        assert lost is not None
+        _lose(lost, using)
         raise
     for held, _ in pending:
         signals.executed.send(core.Claim, identity=held.identity, status=RESULT_STATUS)
     return [decode(response) for _, response in pending]
+
+
+def _lose(lost: Held, using: str) -> None:
+    if connections[using].in_atomic_block:
+        # The work in the caller's transaction must not commit either, even
+        # if the caller catches ClaimLost and carries on.
+        transaction.set_rollback(True, using=using)
+    signals.conflict.send(core.Claim, identity=lost.identity)
 
 
 def release(held: Held) -> bool:
@@ -159,18 +170,28 @@ def release(held: Held) -> bool:
 def renew(held: Held, lease: float | None = None) -> bool:
     """Extend the lease of a long run; False if the claim was taken over.
 
-    The new lease commits at once, even from inside the work's transaction
-    (``once()``, ``@idempotent_task``): it goes through a connection of its
-    own, so other workers see it, and no row lock is held until the work
-    commits. A claim still inside the transaction that made it is invisible
+    From inside the work's transaction (``once()``, ``@idempotent_task``)
+    the new lease usually commits at once, through a connection of its own,
+    so other workers see it and no row lock is held until the work commits;
+    ``_renews_in_place`` says when the work's own transaction carries it
+    instead. A claim still inside the transaction that made it is invisible
     to others until that commits, so its lease needs no renewing (True).
     """
     seconds = held.policy.lease if lease is None else lease
     using = held.policy.using
     if held.core_claim().uncommitted():
         return True
-    if not core.in_transaction(using) or _renews_in_place(using):
+    if not core.in_transaction(using):
         return store.renew(held.identity, held.token, seconds, using)
+    if _renews_in_place(using):
+        try:
+            return store.renew(held.identity, held.token, seconds, using)
+        except DatabaseError as exc:
+            if not core.is_lock_conflict(exc):
+                raise
+            # Taken over after the work's snapshot: the work must not commit.
+            transaction.set_rollback(True, using=using)
+            return False
     side = connections.create_connection(using)
     try:
         return store.renew(held.identity, held.token, seconds, using, side)
@@ -181,14 +202,15 @@ def renew(held: Held, lease: float | None = None) -> bool:
 def _renews_in_place(using: str) -> bool:
     """Whether the work's own transaction must carry the new lease, which
     then holds the row: duplicates and the sweep wait at it until the work
-    ends, rather than see the lease. SQLite has one writer, so a second
-    connection would wait for the work anyway. On PostgreSQL at REPEATABLE
-    READ or SERIALIZABLE, the work could not complete a row that another
-    connection changed after its snapshot."""
+    ends (a lock_timeout turns that wait into a 409), rather than see the
+    lease. SQLite has one writer, so a second connection would wait for the
+    work anyway. On PostgreSQL at REPEATABLE READ or SERIALIZABLE, the work
+    could not complete a row that another connection changed after its
+    snapshot. A transaction already marked for rollback takes no statement:
+    it commits nothing, so the side connection serves."""
     vendor = store.vendor(using)
     if vendor == "sqlite":
         return True
-    return vendor == "postgresql" and store.isolation_level(using) not in (
-        "read committed",
-        "read uncommitted",
-    )
+    if vendor != "postgresql" or connections[using].needs_rollback:
+        return False
+    return store.isolation_level(using) not in ("read committed", "read uncommitted")

@@ -136,10 +136,11 @@ def complete_many(items: Iterable[tuple[Held, Any]]) -> list[Any]:
         if not core.is_lock_conflict(exc):
             raise StoreUnavailable(str(exc)) from exc
         # The record changed under the caller's snapshot (a takeover at
-        # REPEATABLE READ) or a deadlock: the claim is lost, not the database.
-        assert lost is not None
-        _lose(lost, using)
-        raise ClaimLost(lost.key) from exc
+        # REPEATABLE READ) or a deadlock, at an UPDATE or at the commit: the
+        # claim is lost, not the database.
+        failed = lost or pending[0][0]
+        _lose(failed, using)
+        raise ClaimLost(failed.key) from exc
     except ClaimLost:
         assert lost is not None
         _lose(lost, using)

@@ -149,7 +149,9 @@ def test_postgres_crash_while_commits_wait(commit: str, capsys: pytest.CaptureFi
         ):
             if commit == "lost":
                 admin.execute(HOLD_BEFORE_DURABLE)
-            intents = faults.make_intents(f"commit-{commit}", 1, IN_DOUBT, sleep=1.0)[0]
+            # The work outlasts setting the hold after the last claim (a
+            # configuration reload, slow on a loaded machine), within LEASE.
+            intents = faults.make_intents(f"commit-{commit}", 1, IN_DOUBT, sleep=2.5)[0]
             senders = _send_each_once(app, intents)
             try:
                 if commit == "landed":

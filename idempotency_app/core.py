@@ -61,6 +61,21 @@ class StoreUnavailable(Exception):
     after all, and runs the work once if it did not."""
 
 
+class OutcomeUnknown(Exception):
+    """The work under this key ended its own transaction part-way (or did
+    something else the library cannot undo), so whether any of it committed
+    is unknown. The key keeps that answer: it is never run again by itself,
+    until an operator releases it or it expires."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"The work on idempotency key {key!r} was interrupted after part of it may have "
+            "committed, so it will not run again with this key. Check what it did, then "
+            "release the key in the admin (or use a new key) to run it again."
+        )
+        self.key = key
+
+
 @dataclass(frozen=True)
 class Claim:
     identity: Identity

@@ -32,6 +32,7 @@ from idempotency_app.exceptions import (
     IdempotencyStoreUnavailable,
     ReplayNotAcceptable,
     RequestInProgress,
+    RequestOutcomeUnknown,
     RequestRolledBack,
 )
 from idempotency_app.store import Identity, StoredResponse
@@ -188,6 +189,8 @@ def _handle(
         )
     except core.StoreUnavailable as exc:
         raise IdempotencyStoreUnavailable() from exc
+    except core.OutcomeUnknown as exc:
+        raise RequestOutcomeUnknown() from exc
     if isinstance(result, core.Executed | core.RolledBack):
         _signal_executed(identity, result.value)
     if isinstance(result, core.Executed):

@@ -95,6 +95,17 @@ class RequestRolledBack(IdempotencyError):
     )
 
 
+class RequestOutcomeUnknown(IdempotencyError):
+    status_code = status.HTTP_500_INTERNAL_SERVER_ERROR
+    default_code = "request_outcome_unknown"
+    default_detail = (
+        "This request was interrupted after part of its work may have been saved, so it "
+        "will not run again with this Idempotency-Key: every retry gets this answer. "
+        "Check whether the work happened (look the resource up) before sending it again "
+        "with a new key; an operator can release the key to let it run again."
+    )
+
+
 class IdempotencyStoreUnavailable(IdempotencyError):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_code = "idempotency_store_unavailable"

@@ -46,6 +46,7 @@ TITLES = {
     "idempotency_key_reused": "Idempotency-Key reused",
     "idempotency_replay_not_acceptable": "Stored response not acceptable",
     "request_rolled_back": "Request rolled back",
+    "request_outcome_unknown": "Request outcome unknown",
     "idempotency_store_unavailable": "Idempotency store unavailable",
 }
 STANDARDIZED_ERRORS_HANDLER = "drf_standardized_errors.handler.exception_handler"

@@ -1,6 +1,7 @@
 """A readiness probe for health endpoints: is the records table reachable,
-does the cache answer? Each problem is said in plain words, for a log line
-or a 503 body.
+does the cache answer? Each problem is said in plain words, safe for a 503
+body that anyone can read: the error itself, whose text can name hosts,
+ports and database roles, goes only to the ``idempotency_app`` log.
 
 A cache that is down does not fail requests (the retry-storm guard is
 fail-open), but it is still reported: the guard is off until it is back.
@@ -8,6 +9,7 @@ fail-open), but it is still reported: the guard is off until it is back.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from dataclasses import dataclass, field
 
@@ -16,6 +18,8 @@ from django.db import transaction
 
 from idempotency_app.conf import conf
 from idempotency_app.models import IdempotencyRecord
+
+logger = logging.getLogger("idempotency_app")
 
 
 @dataclass(frozen=True)
@@ -36,9 +40,16 @@ def _check_table() -> str | None:
         with transaction.atomic(using=using):
             IdempotencyRecord.objects.using(using).exists()
     except Exception as exc:  # a probe reports; it never raises
+        logger.error(
+            "Probe: the idempotency table cannot be read on database %r: %s: %s",
+            using,
+            exc.__class__.__name__,
+            exc,
+        )
         return (
-            f"The idempotency table cannot be read on database {using!r} ({exc}). "
-            "Check the database connection and that migrations ran."
+            f"The idempotency table cannot be read on database {using!r}. "
+            "Check that the database is reachable and that migrations ran; "
+            "the error is in the idempotency_app log."
         )
     return None
 
@@ -53,10 +64,13 @@ def _check_cache() -> str | None:
         answer = cache.get(key)
         cache.delete(key)
     except Exception as exc:  # a probe reports; it never raises
+        logger.warning(
+            "Probe: the cache %r does not answer: %s: %s", alias, exc.__class__.__name__, exc
+        )
         return (
-            f"The cache {alias!r} does not answer ({exc.__class__.__name__}: {exc}). "
-            "Requests still succeed, but a retried validation error runs the view again "
-            "until the cache is back."
+            f"The cache {alias!r} does not answer. Requests still succeed, but a retried "
+            "validation error runs the view again until the cache is back. Check that the "
+            "cache server is reachable; the error is in the idempotency_app log."
         )
     if answer != value:
         return (

@@ -35,7 +35,7 @@ if not getattr(settings, "TASKS_INSTALLED", False):
 
 from django_tasks_db.models import DBTaskResult
 
-from idempotency_app.service.enqueue import aenqueue_once, enqueue_once
+from idempotency_app.service.enqueue import _identity_args, aenqueue_once, enqueue_once
 from tests.testapp.tasks import apply_event, plain
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -98,6 +98,34 @@ def test_on_a_backend_that_cannot_fetch_results_duplicates_get_none() -> None:
     assert first is not None and first.return_value == "now"
     assert again is None
     assert Charge.objects.count() == 1, "the immediate backend ran the task once"
+
+
+def test_a_duplicate_whose_first_result_was_pruned_gets_none() -> None:
+    first = enqueue_once(plain, "a", key="job-7")
+    assert first is not None
+    DBTaskResult.objects.all().delete()  # as prune_db_task_results does
+    assert enqueue_once(plain, "a", key="job-7") is None
+    assert async_to_sync(aenqueue_once)(plain, "a", key="job-7") is None
+    assert DBTaskResult.objects.count() == 0, "the key still keeps it to one enqueue"
+
+
+@pytest.mark.parametrize("lease", [2, 5])
+def test_the_default_wait_ends_before_a_short_lease(lease: float) -> None:
+    """A producer finding the key held waits 5 s by default, but never as
+    long as LEASE (half of it here), and then raises KeyInProgress."""
+    identity = _identity_args(plain, "job-8", "tasks", ("a",), {})
+    with override_settings(IDEMPOTENCY={"LEASE": lease}):
+        held = service.claim(*identity)
+        assert isinstance(held, service.Held)
+        started = time.monotonic()
+        with pytest.raises(service.KeyInProgress):
+            enqueue_once(plain, "a", key="job-8")
+        waited = time.monotonic() - started
+        assert service.release(held)
+        assert enqueue_once(plain, "a", key="job-8") is not None
+    print(f"\nENQUEUE_ONCE default wait with LEASE {lease} s: gave up after {waited:.2f} s")
+    assert lease / 2 - 0.2 <= waited < lease / 2 + 0.5
+    assert DBTaskResult.objects.count() == 1
 
 
 def test_a_task_called_twice_runs_once() -> None:

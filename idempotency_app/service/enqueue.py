@@ -19,21 +19,31 @@ from __future__ import annotations
 
 from typing import Any
 
+from idempotency_app.conf import conf
 from idempotency_app.service.aio import aonce
 from idempotency_app.service.blocks import Run, once
 
 try:
     from django.tasks import Task, TaskResult
+    from django.tasks.exceptions import TaskResultDoesNotExist
 except ImportError:  # Django < 6.0: the backport
     from django_tasks import TaskResult  # type: ignore[assignment,no-redef,import-not-found,unused-ignore]
     from django_tasks.base import Task  # type: ignore[assignment,no-redef,import-not-found,unused-ignore]
+    from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[assignment,no-redef,import-not-found,unused-ignore]
 
 __all__ = ["aenqueue_once", "enqueue_once"]
 
 DEFAULT_SCOPE = "tasks"
-# A producer that finds another one enqueueing the same key waits this long
-# for it (an enqueue is one INSERT) before raising KeyInProgress.
+# A producer that finds another one enqueueing the same key waits up to this
+# long for it (an enqueue is one INSERT) before raising KeyInProgress.
 DEFAULT_WAIT = 5.0
+
+
+def _wait(wait: float | None) -> float:
+    """``wait``, or by default ``DEFAULT_WAIT`` but at most half of LEASE: a
+    waiting duplicate must give up before the lease ends, or it could take
+    over a live claim (so a wait as long as LEASE is refused)."""
+    return min(DEFAULT_WAIT, conf.LEASE / 2) if wait is None else wait
 
 
 def _operation(task: Task[Any, Any]) -> str:
@@ -59,35 +69,55 @@ def _fetchable(task: Task[Any, Any], run: Run) -> Task[Any, Any] | None:
     return bound if bound.get_backend().supports_get_result else None
 
 
+def _replayed(task: Task[Any, Any], run: Run) -> TaskResult[Any, Any] | None:
+    """The first enqueue's result; None where its backend cannot fetch it,
+    or no longer holds it (django-tasks-db prunes finished results)."""
+    bound = _fetchable(task, run)
+    if bound is None:
+        return None
+    try:
+        return bound.get_result(run.result["id"])
+    except TaskResultDoesNotExist:
+        return None
+
+
+async def _areplayed(task: Task[Any, Any], run: Run) -> TaskResult[Any, Any] | None:
+    """``_replayed`` for async code."""
+    bound = _fetchable(task, run)
+    if bound is None:
+        return None
+    try:
+        return await bound.aget_result(run.result["id"])
+    except TaskResultDoesNotExist:
+        return None
+
+
 def enqueue_once(
     task: Task[Any, Any],
     *args: Any,
     key: str | int,
     scope: str = DEFAULT_SCOPE,
     ttl: float | None = None,
-    wait: float | None = DEFAULT_WAIT,
+    wait: float | None = None,
     **kwargs: Any,
 ) -> TaskResult[Any, Any] | None:
     """``task.enqueue(*args, **kwargs)`` unless ``key`` (in ``scope``) was
     enqueued before: then the first enqueue's ``TaskResult``, fetched from
-    its backend (None where the backend cannot fetch results, such as the
-    immediate and dummy backends).
+    its backend, or None where the backend cannot fetch results (the
+    immediate and dummy backends) or no longer holds this one (pruned).
 
     Raises ``KeyReused`` when the key was enqueued with other arguments, and
     ``KeyInProgress`` when another producer is enqueueing it and has not
-    finished within ``wait`` seconds. The key is remembered for ``ttl``
-    (default: the ``TTL`` setting).
+    finished within ``wait`` seconds (default: 5, at most half of LEASE).
+    The key is remembered for ``ttl`` (default: the ``TTL`` setting).
     """
     scope_, key_, operation, fingerprint = _identity_args(task, key, scope, args, kwargs)
-    with once(scope_, key_, operation, fingerprint, ttl=ttl, wait=wait) as run:
+    with once(scope_, key_, operation, fingerprint, ttl=ttl, wait=_wait(wait)) as run:
         if run.should_execute:
             enqueued = task.enqueue(*args, **kwargs)
             run.result = _stored(enqueued)
             fresh: TaskResult[Any, Any] | None = enqueued
-    if run.replayed:
-        bound = _fetchable(task, run)
-        return None if bound is None else bound.get_result(run.result["id"])
-    return fresh
+    return _replayed(task, run) if run.replayed else fresh
 
 
 async def aenqueue_once(
@@ -96,17 +126,14 @@ async def aenqueue_once(
     key: str | int,
     scope: str = DEFAULT_SCOPE,
     ttl: float | None = None,
-    wait: float | None = DEFAULT_WAIT,
+    wait: float | None = None,
     **kwargs: Any,
 ) -> TaskResult[Any, Any] | None:
     """``enqueue_once`` for async code (``task.aenqueue`` under ``aonce``)."""
     scope_, key_, operation, fingerprint = _identity_args(task, key, scope, args, kwargs)
-    async with aonce(scope_, key_, operation, fingerprint, ttl=ttl, wait=wait) as run:
+    async with aonce(scope_, key_, operation, fingerprint, ttl=ttl, wait=_wait(wait)) as run:
         if run.should_execute:
             enqueued = await task.aenqueue(*args, **kwargs)
             run.result = _stored(enqueued)
             fresh: TaskResult[Any, Any] | None = enqueued
-    if run.replayed:
-        bound = _fetchable(task, run)
-        return None if bound is None else await bound.aget_result(run.result["id"])
-    return fresh
+    return await _areplayed(task, run) if run.replayed else fresh

@@ -5,8 +5,8 @@ indexed column, and an operation filter that never scans the whole table.
 Nothing can be added, edited or deleted here. Deleting a completed record
 inside its window would make the next retry execute the operation again
 (a second charge, say), and expired records are the sweep command's job.
-The writes are two actions: "release", which deletes in-progress claims
-only, so that a client's retry can run again, and "expire"
+The writes are two actions: "release", which deletes in-progress claims and
+interrupted keys only, so that a client's retry can run again, and "expire"
 (``admin_actions``), which ends a completed record's window after a
 confirmation, for a key that must run again.
 """
@@ -49,6 +49,7 @@ OPERATION_SAMPLE = 10_000
 # Longest body text shown on the detail page.
 MAX_SHOWN_CHARS = 100_000
 IN_PROGRESS = IdempotencyRecord.Status.IN_PROGRESS
+INTERRUPTED = IdempotencyRecord.Status.INTERRUPTED
 DATE_FIELD = "created_at"
 
 # Django's own date hierarchy reads the whole table twice on every page (MIN
@@ -249,17 +250,24 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         """Expiring lets a key run again, as deleting its record would."""
         return self.has_release_permission(request)
 
-    @admin.action(description="Release selected stuck claims", permissions=["release"])
+    @admin.action(
+        description="Release selected stuck claims and interrupted keys", permissions=["release"]
+    )
     def release_claims(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        """One conditional DELETE: a claim that completes meanwhile is kept."""
+        """One conditional DELETE: a claim that completes meanwhile is kept.
+        An interrupted key is released once someone has checked what its
+        work left behind: its next request runs the work again."""
         selected = queryset.count()
-        released = delete_where(queryset.filter(status=IN_PROGRESS), conf.DATABASE_ALIAS)
-        self.message_user(request, f"Released {released} stuck claims.", messages.SUCCESS)
+        releasable = queryset.filter(status__in=(IN_PROGRESS, INTERRUPTED))
+        released = delete_where(releasable, conf.DATABASE_ALIAS)
+        self.message_user(
+            request, f"Released {released} stuck claims or interrupted keys.", messages.SUCCESS
+        )
         if selected > released:
             self.message_user(
                 request,
-                f"Kept {selected - released} selected records that are not in progress: "
-                "completed records are never released.",
+                f"Kept {selected - released} selected records that are neither in progress nor "
+                "interrupted: completed records are never released.",
                 messages.WARNING,
             )
 
@@ -314,6 +322,13 @@ def describe_body(record: IdempotencyRecord) -> SafeString | str:
         return (
             "No response stored: a validation error was answered and cached for "
             "TRANSIENT_ERROR_TTL; the next request with the key runs again."
+        )
+    if record.status == INTERRUPTED:
+        return (
+            "No response stored: the work ended its own transaction part-way, so part of it "
+            "may have committed. Every request with the key answers 500 "
+            "request_outcome_unknown. Check what the work left, then release the key to let "
+            "it run again."
         )
     if record.response_body is None:
         return (

@@ -14,11 +14,14 @@ class IdempotencyConfig(AppConfig):
         from django.apps import apps
         from django.core.checks import Tags, register
         from django.core.signals import request_finished
+        from django.db.backends.signals import connection_created
 
         from idempotency_app import checks, problems  # noqa: F401  (registers the checks)
         from idempotency_app.sweep import sweep_after_request
+        from idempotency_app.work import guard_raw_cursors
 
         request_finished.connect(sweep_after_request, dispatch_uid="idempotency_app.auto_sweep")
+        connection_created.connect(guard_raw_cursors, dispatch_uid="idempotency_app.raw_cursors")
         # Optional integrations, each imported only where its library is.
         if apps.is_installed("corsheaders"):
             from idempotency_app.cors import check_cors_headers

@@ -391,6 +391,21 @@ def check_transactions(
                 id="idempotency_app.W005",
             )
         )
+    from idempotency_app.drivers import reports_transactions
+
+    if "mysql" in database.get("ENGINE", "") and not reports_transactions("mysql"):
+        errors.append(
+            Warning(
+                f"Database {alias!r} is MySQL/MariaDB through a mysqlclient that is not built "
+                "against MariaDB Connector/C, so it cannot report whether idempotent work's "
+                "transaction is still open: a transaction the work ends in a way the statement "
+                "rules cannot see (a procedure, a prepared statement, the driver's own commit()) "
+                "goes unnoticed, and a retry may run the work again.",
+                hint="Install mysqlclient built against MariaDB Connector/C (libmariadb), as "
+                "its wheels and Debian's libmariadb-dev are.",
+                id="idempotency_app.W010",
+            )
+        )
     return errors
 
 

@@ -301,7 +301,7 @@ def _claim(identity: Identity, policy: Policy, deadline: float, token: str) -> D
             # An in-progress claim is judged by its lease alone: a per-view TTL
             # shorter than the lease (or a renewed lease) must not let a
             # duplicate take over work that is still running.
-            if found.expired and (found.response is not None or found.lapsed):
+            if found.expired and (found.status != store.IN_PROGRESS or found.lapsed):
                 if store.take_over(identity, found.token, token, policy.ttl, policy.lease, using):
                     return Claim(identity, token, using, nested, origin, nested)
                 found = None
@@ -312,6 +312,8 @@ def _claim(identity: Identity, policy: Policy, deadline: float, token: str) -> D
             if found.response is not None:
                 signals.replayed.send(Claim, identity=identity)
                 return Replay(found.response)
+            if found.interrupted:
+                raise OutcomeUnknown(identity.key)
             if found.lapsed:
                 if store.take_over(identity, found.token, token, policy.ttl, policy.lease, using):
                     logger.warning("Took over the lapsed claim on idempotency key %r", identity.key)
@@ -489,6 +491,10 @@ def unit_of_work(held: Claim, policy: Policy) -> Iterator[Unit[Any]]:
                 yield unit
             unit.outcome()
             body_done = True
+    except work.TransactionEnded as exc:
+        if _keep_interrupted(held, policy):
+            raise OutcomeUnknown(held.identity.key) from exc
+        raise  # the claim was not there to keep: its transaction rolled back, work and all
     except BaseException as exc:
         try:
             if body_done and unit.stored() and not held.nested:
@@ -511,6 +517,29 @@ def unit_of_work(held: Claim, policy: Policy) -> Iterator[Unit[Any]]:
     if isinstance(unit.result, InProgress):
         # Sent once the work is over, so that no receiver's writes are part of it.
         signals.conflict.send(Claim, identity=held.identity)
+
+
+def _keep_interrupted(held: Claim, policy: Policy) -> bool:
+    """The work ended its own transaction, so part of it may have committed:
+    its claim is kept as interrupted, never released, so that no retry runs
+    it again. False when the claim rolled back with that transaction."""
+    try:
+        kept = store.interrupt(held.identity, held.token, policy.ttl, held.using)
+    except Error:
+        logger.exception(
+            "Could not mark idempotency key %r interrupted: its claim frees when its lease "
+            "ends, and a retry may then run the work again",
+            held.identity.key,
+        )
+        kept = True  # the claim may well be there: never answer as if it rolled back
+    if kept:
+        logger.error(
+            "The work on idempotency key %r ended its own transaction, so part of it may have "
+            "committed: the key answers request_outcome_unknown until an operator releases it",
+            held.identity.key,
+        )
+        signals.interrupted.send(Claim, identity=held.identity)
+    return kept
 
 
 def _hook_failed(using: str) -> bool:

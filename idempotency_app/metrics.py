@@ -8,7 +8,8 @@ metrics gets these with no configuration. Imported by
 (the ``metrics`` extra).
 
 - ``idempotency_outcomes_total{outcome, operation}``: ``executed``,
-  ``replayed``, ``conflict``, ``mismatch``, ``takeover``, ``guard_hit`` and
+  ``replayed``, ``conflict``, ``mismatch``, ``takeover``, ``interrupted``
+  (alert on it: a key that answers ``request_outcome_unknown``), ``guard_hit`` and
   ``store_unavailable``. The operation is the method and route pattern
   (``POST api/accounts/<int:account_id>/charges/``), so the label's values
   are as few as the routes; keys and scopes are never labels.
@@ -47,6 +48,7 @@ COUNTED: dict[str, Signal] = {
     "conflict": signals.conflict,
     "mismatch": signals.mismatch,
     "takeover": signals.takeover,
+    "interrupted": signals.interrupted,
     "guard_hit": signals.guard_hit,
     "store_unavailable": signals.store_unavailable,
 }

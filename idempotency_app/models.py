@@ -19,6 +19,10 @@ class IdempotencyRecord(models.Model):
         # A validation error's short window: no response here (it is in the
         # guard's cache); the next claim of the key takes the row over.
         RELEASED = "released", "released after a validation error"
+        # The work ended its own transaction part-way, so some of it may have
+        # committed: every retry is told so, and nothing runs again until an
+        # operator releases the key (the admin's release action) or it expires.
+        INTERRUPTED = "interrupted", "interrupted: outcome unknown"
 
     scope = models.CharField(max_length=255)
     key = models.CharField(max_length=255)

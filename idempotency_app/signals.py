@@ -2,7 +2,9 @@
 
 ``replayed`` (a stored response was served), ``conflict`` (a duplicate found
 the key in progress), ``mismatch`` (the key was reused for another request),
-``takeover`` (a lapsed claim was taken over), ``guard_hit`` (a cached
+``takeover`` (a lapsed claim was taken over), ``interrupted`` (work ended
+its own transaction part-way: its key answers ``request_outcome_unknown``
+until released, worth an alert), ``guard_hit`` (a cached
 validation error was served), ``executed`` (a view ran under a claim;
 also sent with ``status``, its response status) and ``store_unavailable``
 (the database could not arbitrate a claim: the client gets 503).
@@ -26,6 +28,7 @@ replayed = Signal()
 conflict = Signal()
 mismatch = Signal()
 takeover = Signal()
+interrupted = Signal()
 guard_hit = Signal()
 executed = Signal()
 store_unavailable = Signal()

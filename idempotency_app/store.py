@@ -24,6 +24,9 @@ FORMAT_VERSION = 1
 IN_PROGRESS = IdempotencyRecord.Status.IN_PROGRESS.value
 COMPLETED = IdempotencyRecord.Status.COMPLETED.value
 RELEASED = IdempotencyRecord.Status.RELEASED.value
+INTERRUPTED = IdempotencyRecord.Status.INTERRUPTED.value
+# What an interrupted record says it answered: the client got a 500.
+INTERRUPTED_STATUS = 500
 # MySQL's duplicate-key error: the one error a claim's INSERT expects.
 MYSQL_DUPLICATE_KEY = 1062
 
@@ -77,6 +80,10 @@ class Existing:
     def released(self) -> bool:
         return self.status == RELEASED
 
+    @property
+    def interrupted(self) -> bool:
+        return self.status == INTERRUPTED
+
 
 class Claimed:
     """The INSERT won: the caller owns the key."""
@@ -105,6 +112,7 @@ class _Statements:
     complete: str
     release: str
     release_marked: str
+    interrupt: str
     renew: str
 
 
@@ -198,7 +206,7 @@ def _statements(using: str) -> _Statements:
             f"{q('response_status')} = NULL, {q('response_headers')} = '', "
             f"{q('response_body')} = NULL, {q('format_version')} = {FORMAT_VERSION} "
             f"WHERE {where_token} AND ("
-            f"({status} = '{COMPLETED}' AND {q('expires_at')} <= {now}) OR "
+            f"({status} IN ('{COMPLETED}', '{INTERRUPTED}') AND {q('expires_at')} <= {now}) OR "
             f"({in_progress} AND {q('locked_until')} <= {now}) OR "
             f"{status} = '{RELEASED}')"
         ),
@@ -217,6 +225,12 @@ def _statements(using: str) -> _Statements:
         release_marked=(
             f"UPDATE {table} SET {status} = '{RELEASED}', {q('expires_at')} = {now}, "
             f"{q('locked_until')} = NULL WHERE {where_token} AND {in_progress}"
+        ),
+        # Work that ended its own transaction: its claim answers so for TTL.
+        interrupt=(
+            f"UPDATE {table} SET {status} = '{INTERRUPTED}', {q('expires_at')} = {now}, "
+            f"{q('locked_until')} = NULL, {q('response_status')} = {INTERRUPTED_STATUS} "
+            f"WHERE {where_token} AND {in_progress}"
         ),
         renew=(
             f"UPDATE {table} SET {q('locked_until')} = {now} WHERE {where_token} AND {in_progress}"
@@ -403,6 +417,23 @@ def release(identity: Identity, token: str, using: str, marker: float = 0) -> bo
         )
     else:
         rowcount, _ = _execute(using, sql.release, [identity.scope, identity.key, token])
+    return rowcount == 1
+
+
+def interrupt(identity: Identity, token: str, ttl: float, using: str) -> bool:
+    """Mark the claim interrupted, on a connection of its own: the work's
+    connection is inside a transaction that no longer is the work's. False
+    when the claim is not there (its transaction rolled back) or not ours."""
+    side = connections.create_connection(using)
+    try:
+        rowcount, _ = _execute(
+            using,
+            _statements(using).interrupt,
+            [clock.param(vendor(using), ttl), identity.scope, identity.key, token],
+            side,
+        )
+    finally:
+        side.close()
     return rowcount == 1
 
 

@@ -217,6 +217,10 @@ def test_detail_shows_pretty_json_and_headers(viewer: Client, records: dict[str,
             {"status": IN_PROGRESS, "response_body": None},
             "No response yet: the request is in progress.",
         ),
+        (
+            {"status": "interrupted", "response_status": 500, "response_body": None},
+            "request_outcome_unknown",
+        ),
     ],
 )
 def test_detail_body_forms(viewer: Client, fields: dict[str, Any], shown: str) -> None:
@@ -225,14 +229,19 @@ def test_detail_body_forms(viewer: Client, fields: dict[str, Any], shown: str) -
     assert shown in response.content.decode()
 
 
-def test_release_action_deletes_only_in_progress(ops: Client, records: dict[str, Any]) -> None:
-    selected = [records["claim"].pk, records["done"].pk]
+def test_release_action_deletes_only_in_progress_and_interrupted(
+    ops: Client, records: dict[str, Any]
+) -> None:
+    """An interrupted key is released once its work's effects are checked;
+    a completed one never: its next retry would run the work again."""
+    interrupted = make("key-interrupted", status="interrupted", response_status=500)
+    selected = [records["claim"].pk, records["done"].pk, interrupted.pk]
     response = ops.post(
         URL, {"action": "release_claims", "_selected_action": selected, "index": 0}, follow=True
     )
     html = response.content.decode()
-    assert "Released 1 stuck claims." in html
-    assert "Kept 1 selected records that are not in progress" in html
+    assert "Released 2 stuck claims or interrupted keys." in html
+    assert "Kept 1 selected records that are neither in progress nor interrupted" in html
     assert set(IdempotencyRecord.objects.values_list("key", flat=True)) == {
         "key-done",
         "key-other",
@@ -306,7 +315,7 @@ def test_release_keeps_a_claim_that_completes_meanwhile(
             {"action": "release_claims", "_selected_action": [records["claim"].pk], "index": 0},
             follow=True,
         )
-    assert "Released 0 stuck claims." in response.content.decode()
+    assert "Released 0 stuck claims or interrupted keys." in response.content.decode()
     assert IdempotencyRecord.objects.get(key="key-claim").status == "completed"
 
 

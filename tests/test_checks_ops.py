@@ -170,3 +170,18 @@ def test_a_narrow_mysql_charset_is_w005() -> None:
     wide = {**mysql, "OPTIONS": {"charset": "utf8mb4"}}
     with override_settings(DATABASES={"default": wide}):
         assert ids(checks.check_transactions()) == []
+
+
+def test_a_mysql_driver_that_cannot_report_transactions_is_w010(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without MariaDB Connector/C under mysqlclient, the driver cannot say
+    whether the work's transaction is still open: warned, naming the fix."""
+    from idempotency_app import drivers
+
+    pytest.importorskip("MySQLdb", reason="needs mysqlclient: pip install -e '.[mysql]'")
+    mysql = {"ENGINE": "django.db.backends.mysql", "NAME": "x", "OPTIONS": {"charset": "utf8mb4"}}
+    with override_settings(DATABASES={"default": mysql}):
+        assert ids(checks.check_transactions()) == [], "the driver here reports it"
+        monkeypatch.setattr(drivers, "_mariadb_get_info", lambda: None)
+        assert ids(checks.check_transactions()) == ["idempotency_app.W010"]

@@ -41,6 +41,7 @@ from idempotency_app.service.errors import (
     ClaimLost,
     KeyInProgress,
     KeyReused,
+    OutcomeUnknown,
     StoreUnavailable,
     WorkRolledBack,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "Held",
     "KeyInProgress",
     "KeyReused",
+    "OutcomeUnknown",
     "Run",
     "StoreUnavailable",
     "WorkRolledBack",

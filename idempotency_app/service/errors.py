@@ -5,6 +5,7 @@ from __future__ import annotations
 from idempotency_app import core
 
 StoreUnavailable = core.StoreUnavailable
+OutcomeUnknown = core.OutcomeUnknown
 
 
 class KeyInProgress(Exception):

@@ -36,6 +36,12 @@ class Entry:
         return self.status == store.COMPLETED
 
     @property
+    def interrupted(self) -> bool:
+        """Its work ended its own transaction part-way: a claim raises
+        ``OutcomeUnknown`` until an operator releases the key."""
+        return self.status == store.INTERRUPTED
+
+    @property
     def result(self) -> Any:
         """The stored result; None while the work is in progress."""
         if not self.completed:
@@ -52,6 +58,8 @@ def lookup_many(scope: str, keys_: Iterable[str | int]) -> dict[str, Entry]:
     """The live records for ``keys_`` in ``scope``, by key, in one query
     (one per 1000 keys). A key with no entry has never run, or expired, or
     was released: claim it. Reading is advice; the claim stays the arbiter.
+    An interrupted entry's outcome is unknown: claiming it raises
+    ``OutcomeUnknown``.
     """
     wanted = sorted({str(k) for k in keys_})
     found: dict[str, Entry] = {}
@@ -62,7 +70,7 @@ def lookup_many(scope: str, keys_: Iterable[str | int]) -> dict[str, Entry]:
             scope=keys.bounded(scope),
             key__in=wanted[start : start + LOOKUP_BATCH],
             expires_at__gt=now,
-            status__in=(store.IN_PROGRESS, store.COMPLETED),
+            status__in=(store.IN_PROGRESS, store.COMPLETED, store.INTERRUPTED),
         ).values_list(
             "key",
             "operation",

@@ -9,8 +9,8 @@ then documents, with no per-view work:
 
 - the ``Idempotency-Key`` request header (required when the view says
   ``required=True``) and its format;
-- the answers the layer adds (400, 406, 409, 422, 500 ``request_rolled_back``,
-  503), with their codes and bodies in the shape ``ERROR_FORMAT`` gives them;
+- the answers the layer adds (400, 406, 409, 422, 500 ``request_rolled_back``
+  and ``request_outcome_unknown``, 503), with their codes and bodies in the shape ``ERROR_FORMAT`` gives them;
 - the headers it adds: ``Idempotent-Replayed`` and ``Idempotency-Expires`` on
   the view's own responses, ``Retry-After`` on 409 and 503.
 
@@ -86,9 +86,11 @@ ERRORS: dict[int, tuple[str, tuple[str, ...], str]] = {
     ),
     500: (
         "IdempotencyRequestRolledBack",
-        ("request_rolled_back",),
-        "The operation's work was rolled back, so nothing was done (`request_rolled_back`). Retry "
-        "with the same key: it runs again.",
+        ("request_rolled_back", "request_outcome_unknown"),
+        "The operation's work was rolled back, so nothing was done (`request_rolled_back`): retry "
+        "with the same key, it runs again. Or it was interrupted after part of it may have been "
+        "saved (`request_outcome_unknown`): every retry with this key gets this answer, so check "
+        "what was done before sending the request again with a new key.",
     ),
     503: (
         "IdempotencyStoreUnavailable",

@@ -142,6 +142,7 @@ def test_each_answer_of_the_layer_is_documented(default: dict[str, Any]) -> None
         ("409", "IdempotencyRequestInProgress", "request_in_progress"),
         ("422", "IdempotencyKeyReused", "idempotency_key_reused"),
         ("500", "IdempotencyRequestRolledBack", "request_rolled_back"),
+        ("500", "IdempotencyRequestRolledBack", "request_outcome_unknown"),
         ("503", "IdempotencyStoreUnavailable", "idempotency_store_unavailable"),
     ]:
         content = responses[status]["content"]["application/json"]
@@ -231,7 +232,10 @@ def test_the_handler_format_follows_the_exception_handler() -> None:
     ]
     assert enum_of(generated, standardized["properties"]["type"]) == ["server_error"]
     error = standardized["properties"]["errors"]["items"]
-    assert enum_of(generated, error["properties"]["code"]) == ["request_rolled_back"]
+    assert enum_of(generated, error["properties"]["code"]) == [
+        "request_rolled_back",
+        "request_outcome_unknown",
+    ]
 
 
 def test_a_disabled_layer_documents_nothing() -> None:

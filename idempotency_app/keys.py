@@ -6,20 +6,28 @@ import codecs
 import functools
 import hashlib
 import json
+import logging
 import math
 import tempfile
 from typing import Any
 
 import orjson
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import UploadedFile
+from django.db.models import Model
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
 from django.utils.http import parse_header_parameters
 
 from idempotency_app.conf import conf
+from idempotency_app.exceptions import IdempotencyScopeMissing
+
+logger = logging.getLogger("idempotency_app")
 
 MAX_KEY_LENGTH = 255
+# What bounded() puts before a hash.
+HASHED_PREFIX = "sha256:"
 # Re-serialising JSON costs more than hashing it (with orjson, about 0.29 ms
 # for 64 KB; the standard library took 1.3 ms); above this size the raw bytes
 # are fingerprinted instead.
@@ -75,14 +83,45 @@ def _unquote_sf_string(inner: str) -> str:
 def user_scope(request: Any) -> str | None:
     """The default scope: the authenticated principal.
 
-    Anonymous requests get no scope, and the key is refused: two anonymous
-    clients must never share a stored response. Projects with anonymous
-    idempotent endpoints set ``SCOPE`` to a callable of their own.
+    A user (an instance of ``get_user_model()``, a proxy or a subclass of it)
+    is ``user:<pk>``; any other saved model instance (a DRF authentication
+    class may return a ``Partner``) is named by its model, ``<app_label>.
+    <model_name>:<pk>``, so that principals of two models never share a
+    scope. Anonymous requests get no scope, and the key is refused: two
+    anonymous clients must never share a stored response. A principal the
+    library cannot tell apart from others (unsaved, or not a model at all,
+    such as simplejwt's ``TokenUser``) is refused too, and logged: set
+    ``SCOPE`` to a callable of your own for it.
     """
     user = getattr(request, "user", None)
-    if user is None or not user.is_authenticated:
+    if user is None or not getattr(user, "is_authenticated", False):
         return None
-    return f"user:{user.pk}"
+    pk = user.pk if isinstance(user, Model) else None
+    if pk is None:
+        raise _unidentified(user)
+    if isinstance(user, get_user_model()):
+        return f"user:{pk}"
+    # A proxy or a multi-table child shares its pk with the model at the
+    # root of its inheritance: the same row, the same principal.
+    parents = user._meta.get_parent_list()
+    root = parents[-1] if parents else type(user)
+    return f"{root._meta.label_lower}:{pk}"
+
+
+def _unidentified(user: Any) -> IdempotencyScopeMissing:
+    kind = type(user)
+    logger.warning(
+        "Refused an Idempotency-Key from a %s.%s principal: the default SCOPE names a "
+        "principal by its saved model instance, and this one is %s. Set "
+        'IDEMPOTENCY["SCOPE"] to a callable that returns a stable string for each principal.',
+        kind.__module__,
+        kind.__qualname__,
+        "unsaved" if isinstance(user, Model) else "not a Django model instance",
+    )
+    return IdempotencyScopeMissing(
+        "This API cannot tell this client apart from others, so it cannot accept an "
+        "Idempotency-Key from it. Send the request without the Idempotency-Key header."
+    )
 
 
 def _django_request(request: Any) -> HttpRequest:
@@ -280,7 +319,9 @@ def identity_fingerprint(request: Any, fingerprint: str) -> str:
 
 def bounded(text: str) -> str:
     """Text longer than the 255-character columns, or holding NUL (which
-    PostgreSQL text cannot store), is hashed: never truncated into a collision."""
-    if len(text) <= 255 and "\x00" not in text:
+    PostgreSQL text cannot store), is hashed: never truncated into a
+    collision. So is text that starts as a hash does, so that no text kept
+    as it is can be mistaken for another's hash."""
+    if len(text) <= 255 and "\x00" not in text and not text.startswith(HASHED_PREFIX):
         return text
-    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+    return HASHED_PREFIX + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()

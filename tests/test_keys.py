@@ -184,3 +184,14 @@ def test_long_scopes_are_hashed_not_truncated() -> None:
     assert keys.bounded("user:1") == "user:1"
     assert len(keys.bounded(long_a)) <= 255
     assert keys.bounded(long_a) != keys.bounded(long_b)
+
+
+@pytest.mark.parametrize("hashed", ["t" * 256, "a\x00b", "sha256:x", "sha256:" + "0" * 64])
+def test_no_text_kept_as_it_is_equals_another_texts_hash(hashed: str) -> None:
+    """A short text spelled like a hash is hashed itself: the mapping is
+    one to one (a scope "sha256:<hex>" never meets the long scope it names)."""
+    spelled_like_its_hash = keys.bounded(hashed)
+    assert spelled_like_its_hash.startswith("sha256:") and len(spelled_like_its_hash) == 71
+    assert keys.bounded(spelled_like_its_hash) != spelled_like_its_hash
+    assert keys.bounded("sha256") == "sha256" and keys.bounded("SHA256:x") == "SHA256:x"
+    assert keys.bounded("x" * 255) == "x" * 255, "the stored form of other text is unchanged"

@@ -39,14 +39,15 @@ RUNS: list[str] = []
 @idempotent
 def charge(request: Request) -> Response:
     """A debit, then what the request asks of the database: SQL on the
-    records' database (``statement``) or another (``other``), the driver's
-    own commit, and whether the card network then fails."""
+    records' database (``statement``, one or a list) or another (``other``),
+    the driver's own commit, and whether the card network then fails."""
     RUNS.append(request.data.get("label", "run"))
     Charge.objects.create(label="debit", amount=-100)
     statement = request.data.get("statement")
     if statement is not None:
         with connection.cursor() as cursor:
-            cursor.execute(statement.encode() if request.data.get("as_bytes") else statement)
+            for sql in [statement] if isinstance(statement, str) else statement:
+                cursor.execute(sql.encode() if request.data.get("as_bytes") else sql)
     other = request.data.get("other")
     if other is not None:
         with connections["other"].cursor() as cursor:
@@ -320,18 +321,18 @@ def legitimate_statements() -> list[Any]:
             id="create-or-replace-temporary-table",
         ),
         pytest.param(
-            {"statement": "SAVEPOINT s; ROLLBACK WORK TO SAVEPOINT s"},
-            ("mysql",),
+            {"statement": ["SAVEPOINT s", "ROLLBACK WORK TO SAVEPOINT s"]},
+            ("mysql", "postgresql"),
             id="rollback-work-to-savepoint",
         ),
         pytest.param(
-            {"statement": "SAVEPOINT s; ROLLBACK TRANSACTION TO SAVEPOINT s"},
-            ("mysql", "postgresql"),
+            {"statement": ["SAVEPOINT s", "ROLLBACK TRANSACTION TO SAVEPOINT s"]},
+            ("postgresql", "sqlite"),
             id="rollback-transaction-to-savepoint",
         ),
         pytest.param(
-            {"statement": "SAVEPOINT s; ROLLBACK TRANSACTION TO s"},
-            ("postgresql",),
+            {"statement": ["SAVEPOINT s", "ROLLBACK TRANSACTION TO s"]},
+            ("postgresql", "sqlite"),
             id="rollback-transaction-to",
         ),
     ]

@@ -10,17 +10,24 @@ an unsaved instance, and an object that is no model at all (simplejwt's
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
 from django.test.utils import isolate_apps, override_settings
 from django.urls import include, path
+from rest_framework.decorators import api_view, parser_classes
+from rest_framework.parsers import JSONParser
+from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.test import APIClient
 
 from idempotency_app import keys, service
+from idempotency_app.decorators import idempotent
 from idempotency_app.models import IdempotencyRecord
 from tests.conftest import post
 from tests.testapp.models import Charge
@@ -30,7 +37,23 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.t
 BODY = {"label": "a", "amount": 5}
 
 
-urlpatterns = [path("", include("tests.urls"))]
+class DecimalParser(JSONParser):
+    """What payment APIs use, so that an amount is never a float."""
+
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        return json.loads(stream.read(), parse_float=Decimal)
+
+
+@api_view(["POST"])
+@parser_classes([DecimalParser])
+@idempotent
+def decimal_view(request: Request) -> Response:
+    """Charges exactly the amount sent."""
+    charge = Charge.objects.create(label=str(request.data["amount"]))
+    return Response({"id": charge.pk, "amount": charge.label}, status=201)
+
+
+urlpatterns = [path("decimal/", decimal_view), path("", include("tests.urls"))]
 
 
 class TokenUser:
@@ -249,3 +272,32 @@ def test_the_service_api_keeps_such_scopes_apart_too(db: Any) -> None:
         run.result = "spelled"
     assert service.lookup(long_scope, "evt_1").result == "long"  # type: ignore[union-attr]
     assert service.lookup(keys.bounded(long_scope), "evt_1").result == "spelled"  # type: ignore[union-attr]
+
+
+# -- amounts a float cannot tell apart --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("one", "two"),
+    [
+        ("12.345678901234567891", "12.345678901234567899"),
+        ("12.50", "12.5"),
+        ("1E+1", "10.0"),
+    ],
+)
+def test_amounts_a_decimal_parser_reads_apart_are_two_requests(
+    api: APIClient, key: str, one: str, two: str
+) -> None:
+    def send(amount: str, spacing: str = " ") -> Any:
+        body = f'{{"amount":{spacing}{amount},{spacing}"currency": "EUR"}}'
+        return api.post(
+            "/decimal/", body, content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
+        )
+
+    first = send(one)
+    assert first.status_code == 201 and first.json()["amount"] == one
+    assert send(one, spacing="\n  ")["Idempotent-Replayed"] == "true", "whitespace is no change"
+    changed = send(two)
+    assert changed.status_code == 422, "another amount got the first one's 201"
+    assert changed.json()["code"] == "idempotency_key_reused"
+    assert Charge.objects.count() == 1

@@ -1,11 +1,17 @@
 from __future__ import annotations
 
+import copy
+import json
+import random
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from django.test import RequestFactory
 from django.test.utils import override_settings
 from django.urls import resolve
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from idempotency_app import keys
 
@@ -106,14 +112,83 @@ def test_json_only_the_standard_library_reads_still_ignores_key_order() -> None:
     )
 
 
-def test_the_same_data_is_one_request_whichever_parser_read_it() -> None:
-    """A 19-digit run sends a body to the standard library: it must still
-    write the data as orjson does."""
-    long_form = b'{"fee": 0.5000000000000000000, "label": "Jos\\u00e9"}'
-    short_form = '{"label": "José", "fee": 0.5}'.encode()
-    assert keys.fingerprint(_request("/charges/", long_form)) == keys.fingerprint(
-        _request("/charges/", short_form)
+def test_the_same_text_escaped_or_not_is_one_request() -> None:
+    escaped = b'{"label": "Jos\\u00e9", "ref": "12345678901234567890", "n": [5, -7]}'
+    raw = '{"n": [5, -7], "label": "José", "ref": "123456789\\u00301234567890"}'.encode()
+    assert keys.fingerprint(_request("/charges/", escaped)) == keys.fingerprint(
+        _request("/charges/", raw)
     )
+
+
+@pytest.mark.parametrize(
+    ("one", "two"),
+    [
+        pytest.param("12.345678901234567891", "12.345678901234567899", id="past-float-precision"),
+        pytest.param("12.50", "12.5", id="trailing-zero"),
+        pytest.param("1E2", "100", id="exponent"),
+        pytest.param("1e2", "1E2", id="exponent-case"),
+        pytest.param("1.0", "1", id="integral-fraction"),
+        pytest.param("-0", "0", id="negative-zero"),
+        pytest.param("-0.0", "0.0", id="negative-zero-fraction"),
+        pytest.param("0.1", "1e-1", id="fraction-or-exponent"),
+        pytest.param("20000000000000000000", "2e19", id="beyond-64-bits"),
+        pytest.param("1e400", "1e401", id="both-infinite-as-floats"),
+    ],
+)
+def test_numbers_count_as_written(one: str, two: str) -> None:
+    """Numbers a view could read apart (as Decimal, say) are two requests,
+    even where a float cannot tell them apart. Decided: 12.50 and 12.5 too."""
+
+    def fp(amount: str, other: str) -> str:
+        return keys.fingerprint(_request("/charges/", f'{{"amount": {amount}, "other": {other}}}'))
+
+    assert fp(one, "1") != fp(two, "1")
+    assert fp("1", one) != fp("1", two)
+
+
+def test_numbers_as_written_still_ignore_key_order_and_whitespace() -> None:
+    first = b'{"amount": 12.50, "fees": [1E2, -0, 20000000000000000000, 0.1], "a": "x"}'
+    second = b'{ "a" : "x" ,\n "fees":[1E2,-0,20000000000000000000,0.1],"amount":12.50 }'
+    assert keys.fingerprint(_request("/charges/", first)) == keys.fingerprint(
+        _request("/charges/", second)
+    )
+    assert keys.canonical_body(_request("/charges/", first), first) == (
+        b'{"a":"x","amount":12.50,"fees":[1E2,-0,20000000000000000000,0.1]}'
+    )
+
+
+@pytest.mark.parametrize(
+    ("one", "same", "other"),
+    [
+        pytest.param(
+            '{"a": "\\ud800", "n": 12.50}',
+            '{ "n" : 12.50 , "a" : "\\ud800" }',
+            '{"a": "\\ud800", "n": 12.5}',
+            id="surrogate",
+        ),
+        pytest.param(
+            '{"\\udc80": 1.0, "b": 1}', '{"b":1,"\\udc80":1.0}', '{"\\udc80": 1, "b": 1}', id="key"
+        ),
+        pytest.param(
+            "[" * 300 + '{"a": 1.0, "b": 2}' + "]" * 300,
+            "[" * 300 + '{"b":2,"a":1.0}' + "]" * 300,
+            "[" * 300 + '{"a": 1, "b": 2}' + "]" * 300,
+            id="deeper-than-orjson-writes",
+        ),
+    ],
+)
+def test_numbers_count_as_written_where_orjson_cannot_write(
+    one: str, same: str, other: str
+) -> None:
+    """Data orjson refuses to write takes the standard library's form,
+    numbers still as written, key order and whitespace still not counted."""
+
+    def canonical(text: str) -> bytes:
+        return keys.canonical_body(_request("/charges/", text), text.encode())
+
+    assert canonical(one) == canonical(same)
+    assert canonical(one) != canonical(other)
+    assert canonical(one) != one.encode(), "parsed, not hashed as its bytes"
 
 
 @pytest.mark.parametrize(
@@ -122,12 +197,12 @@ def test_the_same_data_is_one_request_whichever_parser_read_it() -> None:
         (b'\xef\xbb\xbf{"amount": 2500}', b'{"amount": 2500}'),  # a UTF-8 BOM
         ('{"amount": 2500}'.encode("utf-16"), b'{"amount": 2500}'),
         (b'{"amount": NaN}', b'{"amount": null}'),
-        (b'{"amount": 1e400}', b'{"amount": null}'),
+        (b'{"amount": -Infinity}', b'{"amount": null}'),
     ],
 )
 def test_a_body_the_view_refuses_is_not_the_corrected_one(refused: bytes, accepted: bytes) -> None:
-    """DRF refuses these (400), or reads 1e400 as an infinity that no JSON
-    can write back: fingerprinted as their bytes, never as the corrected body."""
+    """DRF refuses these (400): fingerprinted as their bytes, never as the
+    corrected body."""
     assert keys.canonical_body(_request("/charges/", refused), refused) == refused
     assert keys.fingerprint(_request("/charges/", refused)) != keys.fingerprint(
         _request("/charges/", accepted)
@@ -195,3 +270,111 @@ def test_no_text_kept_as_it_is_equals_another_texts_hash(hashed: str) -> None:
     assert keys.bounded(spelled_like_its_hash) != spelled_like_its_hash
     assert keys.bounded("sha256") == "sha256" and keys.bounded("SHA256:x") == "SHA256:x"
     assert keys.bounded("x" * 255) == "x" * 255, "the stored form of other text is unchanged"
+
+
+# -- the fingerprint against every way of writing the same JSON --------------------
+
+_NUMBERS = st.from_regex(
+    r"-?(0|[1-9][0-9]{0,22})(\.[0-9]{1,22})?([eE][-+]?[0-9]{1,3})?", fullmatch=True
+)
+_TEXT = st.text(st.characters() | st.sampled_from(["\ud800", "\udc80", "\udfff", "\x00", "\\"]))
+
+
+@dataclass(frozen=True)
+class _Number:
+    """A number as written."""
+
+    text: str
+
+
+_DOCS = st.recursive(
+    st.none() | st.booleans() | _TEXT | _NUMBERS.map(_Number),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _render(value: Any, rnd: Any) -> str:
+    """``value`` as JSON text, with key order, whitespace and escaping left to chance."""
+    space = rnd.choice(["", " ", "\n  ", "\t"])
+    if isinstance(value, _Number):
+        return value.text
+    if isinstance(value, dict):
+        items = list(value.items())
+        rnd.shuffle(items)
+        inner = f",{space}".join(
+            f"{_render(k, rnd)}{space}:{space}{_render(v, rnd)}" for k, v in items
+        )
+        return "{" + space + inner + space + "}"
+    if isinstance(value, list):
+        return "[" + space + f"{space},".join(_render(v, rnd) for v in value) + space + "]"
+    return json.dumps(
+        value, ensure_ascii=rnd.random() < 0.5 or (isinstance(value, str) and _has_surrogate(value))
+    )
+
+
+def _has_surrogate(text: str) -> bool:
+    return any("\ud800" <= ch <= "\udfff" for ch in text)
+
+
+def _canonical(text: str) -> bytes:
+    body = text.encode("utf-8")
+    return keys.canonical_body(_request("/charges/", body), body)
+
+
+def _as_written(text: str) -> Any:
+    """The finest reading any parser can make: numbers as their text."""
+    return json.loads(text, parse_float=_Number, parse_int=_Number)
+
+
+def _variants(number: str) -> list[str]:
+    """Other ways to write the same value as a float (or as a Decimal's value)."""
+    mantissa, e, exponent = number.replace("E", "e").partition("e")
+    out = [mantissa + ("0" if "." in mantissa else ".0") + e + exponent]
+    out += [number.swapcase()] if e else [number + "e0", number + "E0"]
+    if mantissa.lstrip("-").strip("0.") == "":
+        out.append(number[1:] if number.startswith("-") else "-" + number)
+    return out
+
+
+def _numbers_in(value: Any) -> list[tuple[Any, Any]]:
+    """(container, index or key) of every number in ``value``."""
+    found: list[tuple[Any, Any]] = []
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else []
+    )
+    for where, item in items:
+        if isinstance(item, _Number):
+            found.append((value, where))
+        else:
+            found.extend(_numbers_in(item))
+    return found
+
+
+PROPERTY = settings(max_examples=300, deadline=None, database=None)
+
+
+@PROPERTY
+@given(_DOCS, st.integers(), st.integers())
+def test_any_two_writings_of_the_same_json_are_one_request(doc: Any, one: int, two: int) -> None:
+    first, second = _render(doc, random.Random(one)), _render(doc, random.Random(two))
+    assert _as_written(first) == _as_written(second)
+    assert _canonical(first) == _canonical(second)
+
+
+@PROPERTY
+@given(_DOCS, st.integers(), st.data())
+def test_a_number_written_otherwise_is_another_request(doc: Any, seed: int, data: Any) -> None:
+    """Whatever the data around it, one number written otherwise (12.5 as
+    12.50, 1.25E1 or 12.5e0; 0 as -0) is another request."""
+    doc = [copy.deepcopy(doc), _Number("12.5")]
+    text = _render(doc, random.Random(seed))
+    container, where = data.draw(st.sampled_from(_numbers_in(doc)))
+    container[where] = _Number(data.draw(st.sampled_from(_variants(container[where].text))))
+    changed = _render(doc, random.Random(seed))
+    assert _as_written(text) != _as_written(changed)
+    assert _canonical(text) != _canonical(changed)

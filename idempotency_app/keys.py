@@ -16,6 +16,7 @@ from django.db.models import Model
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
 from django.utils.http import parse_header_parameters
+from rest_framework.exceptions import ParseError
 
 from idempotency_app.conf import conf
 from idempotency_app.exceptions import IdempotencyScopeMissing
@@ -170,7 +171,19 @@ def request_body(request: Any) -> tuple[bytes, bytes]:
 
 def _too_large_for_body(django_request: HttpRequest) -> bool:
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    return limit is not None and int(django_request.META.get("CONTENT_LENGTH") or 0) > limit
+    return limit is not None and content_length(django_request) > limit
+
+
+def content_length(django_request: HttpRequest) -> int:
+    """The declared body length; ``ParseError`` (400) unless it is digits
+    (Django reads another value as 0, and the view would see an empty body)."""
+    raw = (django_request.META.get("CONTENT_LENGTH") or "0").strip(" \t")
+    try:
+        if raw.isascii() and raw.isdigit():
+            return int(raw)
+    except ValueError:  # more digits than int() reads
+        pass
+    raise ParseError("The Content-Length header must be a number of bytes.")
 
 
 def _digest_and_put_back(django_request: HttpRequest) -> bytes:

@@ -12,6 +12,7 @@ from django.test.utils import override_settings
 from django.urls import resolve
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rest_framework.exceptions import ParseError
 
 from idempotency_app import keys
 
@@ -270,6 +271,24 @@ def test_no_text_kept_as_it_is_equals_another_texts_hash(hashed: str) -> None:
     assert keys.bounded(spelled_like_its_hash) != spelled_like_its_hash
     assert keys.bounded("sha256") == "sha256" and keys.bounded("SHA256:x") == "SHA256:x"
     assert keys.bounded("x" * 255) == "x" * 255, "the stored form of other text is unchanged"
+
+
+@pytest.mark.parametrize("value", ["", "0", "13", " 13\t", "9" * 40])
+def test_content_length_is_read_as_digits(value: str) -> None:
+    request = RequestFactory().post("/charges/", b"", content_type="application/json")
+    request.META["CONTENT_LENGTH"] = value
+    assert keys.content_length(request) == int(value.strip() or 0)
+
+
+@pytest.mark.parametrize(
+    "value", ["13abc", "-1", "+13", "1_3", "1.5", "0x10", "\u0661\u0663", "1 3", "9" * 5000]
+)
+def test_a_content_length_that_is_not_digits_is_a_parse_error(value: str) -> None:
+    """Not a 500 (int() refuses some), nor a number Django reads otherwise."""
+    request = RequestFactory().post("/charges/", b"", content_type="application/json")
+    request.META["CONTENT_LENGTH"] = value
+    with pytest.raises(ParseError, match="Content-Length"):
+        keys.content_length(request)
 
 
 # -- the fingerprint against every way of writing the same JSON --------------------

@@ -513,3 +513,78 @@ def test_throttling_caps_rows_before_any_claim(api: APIClient) -> None:
     ]
     assert codes.count(429) == 7
     assert IdempotencyRecord.objects.count() == 3
+
+
+# --- hostile headers ------------------------------------------------------------------------
+
+BODY = b'{"label": "a"}'
+
+
+def _send(client: APIClient, key: str | None, content_type: str, **extra: Any) -> Any:
+    if key is not None:
+        extra["HTTP_IDEMPOTENCY_KEY"] = key
+    return client.generic("POST", "/charges/", BODY, content_type=content_type, **extra)
+
+
+@pytest.mark.parametrize("length", ["13abc", " ", "-1", "+13", "1_3", "0x0e", "\u0661", "9" * 5000])
+def test_a_content_length_that_is_not_a_number_is_a_400_before_any_claim(
+    quiet_api: APIClient, key: str, length: str
+) -> None:
+    """Django reads such a header as 0 (the view sees no body); with a key,
+    reading it failed with a 500. Now it is refused, nothing claimed."""
+    refused = _send(quiet_api, key, "application/json", CONTENT_LENGTH=length)
+    assert refused.status_code == 400, refused.content
+    assert "Content-Length" in refused.json()["detail"]
+    assert not IdempotencyRecord.objects.exists() and not Charge.objects.exists()
+    without_key = _send(quiet_api, None, "application/json", CONTENT_LENGTH=length)
+    assert without_key.status_code < 500
+
+
+ODD_CONTENT_TYPES = [
+    "application/json",
+    "application/json; charset=rot13",
+    "application/json; charset=hex",
+    "application/json; charset=nope",
+    "application/json; charset=idna",
+    "application/json; charset=punycode",
+    "application/json; charset=unicode_escape",
+    "application/json; charset=undefined",
+    "application/json; charset=utf-16",
+    'application/json; charset="',
+    "application/json; charset=" + "a" * 3000,
+    "application/json;;charset=utf-8",
+    "application/\xff+json",
+    "multipart/form-data",
+    "multipart/form-data; boundary=",
+    "text/plain; charset=zlib",
+    "\x00",
+    ";;;",
+]
+ODD_ACCEPTS = [
+    None,
+    "*/*;q=nan",
+    "application/json;q=abc",
+    "text/html;q=1e999",
+    "application/json, \x00",
+    "*/*; x=\x00",
+    "," * 1000,
+    "\xff\xfe, */*",
+    "application/json, " + "a/b;" * 2000,
+]
+
+
+@pytest.mark.parametrize("content_type", ODD_CONTENT_TYPES)
+def test_odd_content_types_and_accepts_never_fail_on_the_idempotent_path(
+    quiet_api: APIClient, content_type: str
+) -> None:
+    """Whatever the layer makes of them, a key never turns an odd header
+    into a 5xx the same request without a key does not get."""
+    for i, accept in enumerate(ODD_ACCEPTS):
+        extra = {} if accept is None else {"HTTP_ACCEPT": accept}
+        with_key = _send(quiet_api, f"odd-{i}", content_type, **extra)
+        if with_key.status_code >= 500:
+            without_key = _send(quiet_api, None, content_type, **extra)
+            assert without_key.status_code >= 500, (accept, with_key.content)
+        if with_key.status_code == 201:
+            again = _send(quiet_api, f"odd-{i}", content_type, **extra)
+            assert again["Idempotent-Replayed"] == "true", accept

@@ -195,6 +195,8 @@ def _handle(
         _signal_executed(identity, result.value)
     if isinstance(result, core.Executed):
         response: HttpResponseBase = result.value
+        if isinstance(response, _GuardNotAcceptable):
+            raise response.refusal
         if result.stored is not None:
             response[EXPIRES_HEADER] = dict(result.stored.headers)[EXPIRES_HEADER]
         return response
@@ -247,10 +249,25 @@ def _guarded_respond(
         with work.by_the_library():
             cached = guard.get(identity)
     if cached is not None:
-        hit = replay(cached, request, view)
+        try:
+            hit = replay(cached, request, view)
+        except ReplayNotAcceptable as exc:
+            return _GuardNotAcceptable(exc)
         hit.idempotency_guard_hit = True  # type: ignore[attr-defined]
         return hit
     return _respond(view, request, call)
+
+
+class _GuardNotAcceptable(HttpResponse):
+    """The guard's cached 400, which this request does not accept. Settled
+    like a served 400 (the claim released, its marker kept, so the next
+    retry meets the guard too), then the 406 is raised, outside the work."""
+
+    idempotency_guard_hit = True
+
+    def __init__(self, refusal: ReplayNotAcceptable) -> None:
+        super().__init__(status=refusal.status_code)
+        self.refusal = refusal
 
 
 def _respond(

@@ -7,6 +7,7 @@ identifies the request, and hands the handler to ``core.run`` with a
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -43,9 +44,14 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 BODY_OMITTED_HEADER = "Idempotent-Body-Omitted"
 # On every stored response and its replays: until when a retry replays it.
 EXPIRES_HEADER = "Idempotency-Expires"
-# Kept with a stored response, never sent: the Accept it was produced for.
-# A retry asking the same question gets the same answer, whatever it is.
+# Kept with a stored response, never sent: the SHA-256 of the Accept it was
+# produced for. A retry asking the same question gets the same answer,
+# whatever it is.
+REQUEST_ACCEPT_DIGEST = "Idempotency-Request-Accept-SHA256"
+# The Accept itself, as rows stored before the digest hold it: read, never
+# written.
 REQUEST_ACCEPT = "Idempotency-Request-Accept"
+_NEVER_REPLAYED = frozenset({REQUEST_ACCEPT_DIGEST, REQUEST_ACCEPT})
 # Outcomes a retry may change: released so that the retry runs again.
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
 # Client errors fixed by correcting the request (a validation or parse error,
@@ -295,21 +301,29 @@ def _settle(
     """What to store, or None to release. A validation error is cached here,
     before the claim is released, so no duplicate slips in between.
 
-    The stored headers include ``Idempotency-Expires``, and the request's
-    ``Accept`` (never replayed): the live response gets the first only once
-    the completion is known to have been stored."""
+    The stored headers include ``Idempotency-Expires``, and the digest of
+    the request's ``Accept`` (never replayed): the live response gets the
+    first only once the completion is known to have been stored."""
     status = response.status_code
     if getattr(response, "idempotency_guard_hit", False):
         return core.MARKED  # release, and leave the cached window as it is
-    asked = ((REQUEST_ACCEPT, accept),) if accept else ()
+    extra: tuple[tuple[str, str], ...] = ()
+    if accept:
+        extra += ((REQUEST_ACCEPT_DIGEST, _digest(accept)),)
     if status in TRANSIENT_CLIENT_ERRORS:
         with work.by_the_library():
-            guard.set(identity, to_stored(response, asked))
+            guard.set(identity, to_stored(response, extra))
         return core.MARKED
     if status >= 500 or status in RETRYABLE_STATUSES:
         return None
     expires = http_date((clock.now() + timedelta(seconds=ttl)).timestamp())
-    return to_stored(response, ((EXPIRES_HEADER, expires), *asked))
+    return to_stored(response, ((EXPIRES_HEADER, expires), *extra))
+
+
+def _digest(accept: str) -> str:
+    """All a replay needs of the Accept it was produced for: whether a retry
+    sends the same one. Its digest is small, whatever the client sent."""
+    return hashlib.sha256(accept.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def to_stored(
@@ -333,9 +347,11 @@ def replay(stored: StoredResponse, request: Request, view: APIView) -> HttpRespo
     request that does not accept the stored media type gets 406 (and the
     work does not run again)."""
     stored_type = next((v for n, v in stored.headers if n.lower() == "content-type"), "")
-    asked = next((v for n, v in stored.headers if n == REQUEST_ACCEPT), None)
-    same_question = asked is not None and asked == request.META.get("HTTP_ACCEPT", "")
-    if stored_type and not same_question and not accepts(request, view, stored_type):
+    if (
+        stored_type
+        and not _same_question(stored, request)
+        and not accepts(request, view, stored_type)
+    ):
         media_type = stored_type.split(";", 1)[0].strip()
         raise ReplayNotAcceptable(
             f"The response stored for this Idempotency-Key is {media_type}, which this "
@@ -345,7 +361,7 @@ def replay(stored: StoredResponse, request: Request, view: APIView) -> HttpRespo
     response = HttpResponse(stored.body or b"", status=stored.status)
     del response["Content-Type"]
     for name, value in stored.headers:
-        if name != REQUEST_ACCEPT:
+        if name not in _NEVER_REPLAYED:
             response[name] = value
     if stored.body is None:
         response[BODY_OMITTED_HEADER] = "true"
@@ -353,6 +369,18 @@ def replay(stored: StoredResponse, request: Request, view: APIView) -> HttpRespo
             del response["Content-Type"]
     response[REPLAYED_HEADER] = "true"
     return response
+
+
+def _same_question(stored: StoredResponse, request: Request) -> bool:
+    """Whether this request sends the Accept the stored response was
+    produced for (its digest, or itself in a row stored before digests)."""
+    accept: str = request.META.get("HTTP_ACCEPT", "")
+    for name, value in stored.headers:
+        if name == REQUEST_ACCEPT_DIGEST:
+            return bool(accept) and value == _digest(accept)
+        if name == REQUEST_ACCEPT:
+            return value == accept
+    return False
 
 
 def accepts(request: Request, view: APIView, content_type: str) -> bool:

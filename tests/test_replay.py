@@ -5,6 +5,7 @@ view run again."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -21,8 +22,10 @@ from rest_framework.response import Response
 from rest_framework.test import APIClient
 
 from idempotency_app import signals
+from idempotency_app.cache import guard
 from idempotency_app.decorators import idempotent
 from idempotency_app.models import IdempotencyRecord
+from idempotency_app.store import Identity, StoredResponse
 from tests.conftest import claims, post
 from tests.testapp.models import Charge
 
@@ -30,6 +33,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.t
 
 INVALID = {"raise": "validation"}
 JSON, HTML = "application/json", "text/html"
+# Where rows keep the request's Accept: stable names, since stored rows hold them.
+REQUEST_ACCEPT_DIGEST = "Idempotency-Request-Accept-SHA256"
+REQUEST_ACCEPT = "Idempotency-Request-Accept"  # the Accept itself, in older rows
 
 
 @api_view(["POST"])
@@ -108,3 +114,97 @@ def test_a_corrected_request_still_runs_after_a_refused_replay(
     fixed = post(api, "/charges/", {"label": "fixed"}, key, HTTP_ACCEPT=HTML)
     assert fixed.status_code == 201 and "Idempotent-Replayed" not in fixed
     assert executions == [400, 201]
+
+
+# -- the Accept a stored response answered ---------------------------------------------
+
+LONG_ACCEPT = ", ".join(
+    [JSON, *(f"application/vnd.example.v{i}+json;q=0.{i % 9 + 1}" for i in range(200))]
+)
+
+
+def test_only_a_digest_of_the_accept_is_stored(api: APIClient, key: str) -> None:
+    assert len(LONG_ACCEPT) > 7000
+    first = post(api, "/charges/", {"label": "a"}, key, HTTP_ACCEPT=LONG_ACCEPT)
+    retry = post(api, "/charges/", {"label": "a"}, key, HTTP_ACCEPT=LONG_ACCEPT)
+    assert retry["Idempotent-Replayed"] == "true" and retry.content == first.content
+    record = IdempotencyRecord.objects.get()
+    assert "vnd.example" not in record.response_headers
+    assert len(record.response_headers) < 300
+    digest = hashlib.sha256(LONG_ACCEPT.encode()).hexdigest()
+    assert stored_headers()[REQUEST_ACCEPT_DIGEST] == digest
+    assert REQUEST_ACCEPT_DIGEST not in retry and REQUEST_ACCEPT not in retry
+
+
+def test_the_guard_caches_only_the_digest_too(api: APIClient, key: str) -> None:
+    post(api, "/charges/", INVALID, key, HTTP_ACCEPT=LONG_ACCEPT)
+    cached = guard.get(_identity())
+    assert cached is not None
+    assert dict(cached.headers)[REQUEST_ACCEPT_DIGEST] == (
+        hashlib.sha256(LONG_ACCEPT.encode()).hexdigest()
+    )
+    assert "vnd.example" not in json.dumps(cached.headers)
+    retry = post(api, "/charges/", INVALID, key, HTTP_ACCEPT=LONG_ACCEPT)
+    assert retry["Idempotent-Replayed"] == "true"
+
+
+def _as_stored_by_older_versions(accept: str) -> None:
+    """Put the Accept itself where the digest is, as rows stored before it hold it."""
+    record = IdempotencyRecord.objects.get()
+    headers = [
+        [REQUEST_ACCEPT, accept] if name == REQUEST_ACCEPT_DIGEST else [name, value]
+        for name, value in json.loads(record.response_headers)
+    ]
+    record.response_headers = json.dumps(headers)
+    record.save(update_fields=["response_headers"])
+
+
+def _identity() -> Identity:
+    record = IdempotencyRecord.objects.get()
+    return Identity(record.scope, record.key, record.operation, record.fingerprint)
+
+
+@pytest.mark.parametrize("older", [False, True], ids=["digest", "stored-accept"])
+def test_the_same_question_gets_the_same_answer(
+    api: APIClient, key: str, executions: list[int], older: bool
+) -> None:
+    """The view answers text/plain whatever the client asks: the client
+    that asked, asking again, gets it; another Accept that excludes it gets
+    406. Rows stored before the digest (the Accept itself) still replay so."""
+    first = post(api, "/greeting/", {"plain": 201}, key, HTTP_ACCEPT=JSON)
+    assert first.status_code == 201 and first["Content-Type"] == "text/plain"
+    if older:
+        _as_stored_by_older_versions(JSON)
+    again = post(api, "/greeting/", {"plain": 201}, key, HTTP_ACCEPT=JSON)
+    assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert REQUEST_ACCEPT not in again and REQUEST_ACCEPT_DIGEST not in again
+    other = post(api, "/greeting/", {"plain": 201}, key, HTTP_ACCEPT=f"application/xml, {JSON}")
+    assert other.status_code == 406
+    unasked = post(api, "/greeting/", {"plain": 201}, key)
+    assert unasked.status_code == 201, "no Accept takes anything"
+    assert executions == [201]
+
+
+@pytest.mark.parametrize("older", [False, True], ids=["digest", "stored-accept"])
+def test_the_guard_gives_the_same_question_the_same_answer(
+    api: APIClient, key: str, executions: list[int], older: bool
+) -> None:
+    """The same for a guarded 400, and for entries cached before the digest."""
+    first = post(api, "/greeting/", {"plain": 400}, key, HTTP_ACCEPT=JSON)
+    assert first.status_code == 400 and first["Content-Type"] == "text/plain"
+    cached = guard.get(_identity())
+    assert cached is not None
+    if older:
+        headers = tuple(
+            (REQUEST_ACCEPT, JSON) if name == REQUEST_ACCEPT_DIGEST else (name, value)
+            for name, value in cached.headers
+        )
+        guard.set(_identity(), StoredResponse(cached.status, headers, cached.body))
+    again = post(api, "/greeting/", {"plain": 400}, key, HTTP_ACCEPT=JSON)
+    assert again.status_code == 400 and again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert REQUEST_ACCEPT not in again and REQUEST_ACCEPT_DIGEST not in again
+    other = post(api, "/greeting/", {"plain": 400}, key, HTTP_ACCEPT=f"application/xml, {JSON}")
+    assert other.status_code == 406
+    assert executions == [400]

@@ -588,3 +588,19 @@ def test_odd_content_types_and_accepts_never_fail_on_the_idempotent_path(
         if with_key.status_code == 201:
             again = _send(quiet_api, f"odd-{i}", content_type, **extra)
             assert again["Idempotent-Replayed"] == "true", accept
+
+
+def test_the_request_accept_is_not_stored(api: APIClient, key: str) -> None:
+    """Only a digest of it, the size of a hash whatever the client sent."""
+    accept = "application/json, " + ", ".join(f"application/x-secret-{i}" for i in range(300))
+    first = post(api, "/charges/", {"label": "a"}, key, HTTP_ACCEPT=accept)
+    assert first.status_code == 201
+    record = IdempotencyRecord.objects.get()
+    assert "x-secret" not in record.response_headers
+    assert len(record.response_headers) < 300 < len(accept)
+    assert stored_header_names() == {
+        "content-type",
+        "location",
+        "idempotency-expires",
+        "idempotency-request-accept-sha256",
+    }

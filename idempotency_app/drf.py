@@ -7,6 +7,8 @@ identifies the request, and hands the handler to ``core.run`` with a
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import logging
 from collections.abc import Callable, Iterable
@@ -14,9 +16,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponse, HttpResponseBase
+from django.middleware.locale import LocaleMiddleware
+from django.utils import translation
 from django.utils.http import http_date, parse_header_parameters
+from django.utils.module_loading import import_string
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
@@ -301,13 +307,14 @@ def _settle(
     """What to store, or None to release. A validation error is cached here,
     before the claim is released, so no duplicate slips in between.
 
-    The stored headers include ``Idempotency-Expires``, and the digest of
-    the request's ``Accept`` (never replayed): the live response gets the
-    first only once the completion is known to have been stored."""
+    The stored headers include ``Idempotency-Expires``, the digest of the
+    request's ``Accept`` (never replayed) and the ``Content-Language`` the
+    response is about to get: the live response gets the first only once
+    the completion is known to have been stored."""
     status = response.status_code
     if getattr(response, "idempotency_guard_hit", False):
         return core.MARKED  # release, and leave the cached window as it is
-    extra: tuple[tuple[str, str], ...] = ()
+    extra = _language(response)
     if accept:
         extra += ((REQUEST_ACCEPT_DIGEST, _digest(accept)),)
     if status in TRANSIENT_CLIENT_ERRORS:
@@ -324,6 +331,28 @@ def _digest(accept: str) -> str:
     """All a replay needs of the Accept it was produced for: whether a retry
     sends the same one. Its digest is small, whatever the client sent."""
     return hashlib.sha256(accept.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _language(response: HttpResponseBase) -> tuple[tuple[str, str], ...]:
+    """The ``Content-Language`` that ``LocaleMiddleware`` gives the response
+    after the view, so after it is stored: stored with it, so that a replay
+    names the language of its body, not the retry's (the middleware never
+    overwrites one that is there). None without the middleware, as the
+    response itself has none."""
+    if "Content-Language" in response or not _adds_language(tuple(settings.MIDDLEWARE)):
+        return ()
+    language = translation.get_language()
+    return (("Content-Language", language),) if language else ()
+
+
+@functools.lru_cache(maxsize=4)
+def _adds_language(middleware: tuple[str, ...]) -> bool:
+    for path in middleware:
+        with contextlib.suppress(ImportError):
+            found = import_string(path)
+            if isinstance(found, type) and issubclass(found, LocaleMiddleware):
+                return True
+    return False
 
 
 def to_stored(

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.http import HttpResponse
 from django.test.utils import override_settings
 from django.urls import include, path
@@ -56,6 +57,12 @@ def greeting(request: Request) -> HttpResponse:
 
 
 urlpatterns = [path("greeting/", greeting), path("", include("tests.urls"))]
+
+WITH_LOCALE = [
+    *settings.MIDDLEWARE[:1],
+    "django.middleware.locale.LocaleMiddleware",
+    *settings.MIDDLEWARE[1:],
+]
 
 
 @pytest.fixture
@@ -114,6 +121,50 @@ def test_a_corrected_request_still_runs_after_a_refused_replay(
     fixed = post(api, "/charges/", {"label": "fixed"}, key, HTTP_ACCEPT=HTML)
     assert fixed.status_code == 201 and "Idempotent-Replayed" not in fixed
     assert executions == [400, 201]
+
+
+# -- Content-Language ------------------------------------------------------------------
+
+
+def test_a_replay_names_the_language_of_its_body(api: APIClient, key: str) -> None:
+    """LocaleMiddleware labels a response after the view: without the
+    language stored, a French body would be replayed as German."""
+    with override_settings(MIDDLEWARE=WITH_LOCALE):
+        french = post(api, "/greeting/", {}, key, HTTP_ACCEPT_LANGUAGE="fr")
+        retry = post(api, "/greeting/", {}, key, HTTP_ACCEPT_LANGUAGE="de")
+    assert french["Content-Language"] == "fr" and french.json()["language"] == "fr"
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == french.content
+    assert retry["Content-Language"] == "fr", "the body's language, not the retry's"
+    assert stored_headers()["Content-Language"] == "fr"
+
+
+def test_the_guards_replay_names_the_language_of_its_body(api: APIClient, key: str) -> None:
+    with override_settings(MIDDLEWARE=WITH_LOCALE):
+        french = post(api, "/greeting/", {"invalid": 1}, key, HTTP_ACCEPT_LANGUAGE="fr")
+        retry = post(api, "/greeting/", {"invalid": 1}, key, HTTP_ACCEPT_LANGUAGE="de")
+    assert french.status_code == retry.status_code == 400
+    assert b"(fr)" in french.content
+    assert retry["Idempotent-Replayed"] == "true" and retry.content == french.content
+    assert retry["Content-Language"] == "fr"
+
+
+def test_a_language_the_view_set_is_the_one_replayed(api: APIClient, key: str) -> None:
+    with override_settings(MIDDLEWARE=WITH_LOCALE):
+        first = post(api, "/greeting/", {"language": "nl"}, key, HTTP_ACCEPT_LANGUAGE="fr")
+        retry = post(api, "/greeting/", {"language": "nl"}, key, HTTP_ACCEPT_LANGUAGE="de")
+    assert first["Content-Language"] == retry["Content-Language"] == "nl"
+    assert stored_headers()["Content-Language"] == "nl"
+
+
+def test_no_language_is_added_without_the_middleware(api: APIClient, key: str) -> None:
+    """A response that had no Content-Language replays without one."""
+    with translation.override("fr"):
+        first = post(api, "/greeting/", {}, key, HTTP_ACCEPT_LANGUAGE="fr")
+        retry = post(api, "/greeting/", {}, key, HTTP_ACCEPT_LANGUAGE="de")
+    assert "Content-Language" not in first
+    assert retry["Idempotent-Replayed"] == "true" and "Content-Language" not in retry
+    assert "Content-Language" not in stored_headers()
 
 
 # -- the Accept a stored response answered ---------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -9,8 +10,8 @@ import tempfile
 from typing import Any
 
 import orjson
+from django.apps import apps
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import UploadedFile
 from django.db.models import Model
 from django.http import HttpRequest
@@ -91,13 +92,20 @@ def user_scope(request: Any) -> str | None:
     pk = user.pk if isinstance(user, Model) else None
     if pk is None:
         raise _unidentified(user)
-    if isinstance(user, get_user_model()):
+    if isinstance(user, _user_model(settings.AUTH_USER_MODEL)):
         return f"user:{pk}"
     # A proxy or a multi-table child shares its pk with the model at the
     # root of its inheritance: the same row, the same principal.
     parents = user._meta.get_parent_list()
     root = parents[-1] if parents else type(user)
     return f"{root._meta.label_lower}:{pk}"
+
+
+@functools.lru_cache(maxsize=4)
+def _user_model(label: str) -> type[Model]:
+    """``get_user_model()``, looked up once per process (for each setting)."""
+    model: type[Model] = apps.get_model(label, require_ready=False)
+    return model
 
 
 def _unidentified(user: Any) -> IdempotencyScopeMissing:

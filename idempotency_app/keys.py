@@ -338,10 +338,24 @@ def identity_fingerprint(request: Any, fingerprint: str) -> str:
 
 
 def bounded(text: str) -> str:
-    """Text longer than the 255-character columns, or holding NUL (which
-    PostgreSQL text cannot store), is hashed: never truncated into a
-    collision. So is text that starts as a hash does, so that no text kept
-    as it is can be mistaken for another's hash."""
-    if len(text) <= 255 and "\x00" not in text and not text.startswith(HASHED_PREFIX):
+    """Text longer than the 255-character columns, holding NUL (which
+    PostgreSQL text cannot store) or a lone surrogate (which no database
+    stores), is hashed: never truncated into a collision. So is text that
+    starts as a hash does, so that no text kept as it is can be mistaken for
+    another's hash. The hash reads every code point, surrogates included."""
+    if (
+        len(text) <= 255
+        and "\x00" not in text
+        and not text.startswith(HASHED_PREFIX)
+        and (text.isascii() or _encodable(text))
+    ):
         return text
-    return HASHED_PREFIX + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+    return HASHED_PREFIX + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -271,6 +271,11 @@ def test_the_service_api_keeps_such_scopes_apart_too(db: Any) -> None:
         assert run.should_execute, "another scope's stored result was read"
         run.result = "spelled"
     assert service.lookup(long_scope, "evt_1").result == "long"  # type: ignore[union-attr]
+    for scope in ("\ud800", "\udfff"):  # a lone surrogate: no database stores one
+        with service.once(scope, "evt_1", "payout") as run:
+            assert run.should_execute
+            run.result = scope.encode("utf-8", "surrogatepass").hex()
+    assert service.lookup("\ud800", "evt_1").result == "eda080"  # type: ignore[union-attr]
     assert service.lookup(keys.bounded(long_scope), "evt_1").result == "spelled"  # type: ignore[union-attr]
 
 

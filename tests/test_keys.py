@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -271,6 +272,20 @@ def test_no_text_kept_as_it_is_equals_another_texts_hash(hashed: str) -> None:
     assert keys.bounded(spelled_like_its_hash) != spelled_like_its_hash
     assert keys.bounded("sha256") == "sha256" and keys.bounded("SHA256:x") == "SHA256:x"
     assert keys.bounded("x" * 255) == "x" * 255, "the stored form of other text is unchanged"
+
+
+def test_text_that_differs_only_in_surrogates_hashes_apart() -> None:
+    """Lone surrogates are hashed as what they are, not as the bytes they
+    may stand for ("\\udcc3\\udca9" for the UTF-8 of "é"), and a short text
+    holding one (which no database stores) is hashed too."""
+    pad = "x" * 300
+    assert keys.bounded("\u00e9" + pad) != keys.bounded("\udcc3\udca9" + pad)
+    assert keys.bounded("\ud800").startswith("sha256:")
+    assert keys.bounded("\ud800") != keys.bounded("\udfff")
+    assert keys.bounded("caf\u00e9") == "caf\u00e9"
+    assert keys.bounded("\u00e9" + pad) == (
+        "sha256:" + hashlib.sha256(("\u00e9" + pad).encode()).hexdigest()
+    ), "the hash of other text is unchanged"
 
 
 @pytest.mark.parametrize("value", ["", "0", "13", " 13\t", "9" * 40])

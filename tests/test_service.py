@@ -311,8 +311,9 @@ def test_an_unserialisable_fingerprint_fails_before_any_work() -> None:
         ("k" * 256, ValueError),
         (True, TypeError),
         ("evt\x00", ValueError),
+        ("evt\udcc3", ValueError),
     ],
-    ids=["empty", "none", "too-long", "bool", "nul"],
+    ids=["empty", "none", "too-long", "bool", "nul", "lone-surrogate"],
 )
 def test_bad_keys_fail_before_any_query(key: Any, error: type[Exception]) -> None:
     with CaptureQueriesContext(connection) as queries, pytest.raises(error):

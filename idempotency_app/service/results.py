@@ -40,6 +40,11 @@ def make_identity(scope: str, key: str | int, operation: str, fingerprint: Any =
         )
     if "\x00" in key:
         raise ValueError("An idempotency key must not contain NUL; PostgreSQL cannot store it.")
+    if not key.isascii() and any("\ud800" <= ch <= "\udfff" for ch in key):
+        raise ValueError(
+            "An idempotency key must not hold a lone surrogate, which no database encoding "
+            "can store; hash such a key first."
+        )
     if not isinstance(operation, str) or len(operation) > 255 or "\x00" in operation:
         raise ValueError("An operation must be a string of 255 characters at most, without NUL.")
     digest = (

@@ -42,6 +42,7 @@ from django.db import (
 
 from idempotency_app import signals, store, work
 from idempotency_app.conf import conf
+from idempotency_app.exceptions import OutcomeUnknown, StoreUnavailable, TransactionEnded
 from idempotency_app.store import Identity, StoredResponse
 from idempotency_app.work import UnitAtomic
 
@@ -53,27 +54,6 @@ T = TypeVar("T")
 # over by someone else in between; each retry is a fresh INSERT.
 MAX_CLAIM_ATTEMPTS = 5
 POLL_INTERVAL = 0.05
-
-
-class StoreUnavailable(Exception):
-    """The database could not record the key or the outcome. Nothing was
-    stored: a retry with the same key replays the outcome if it committed
-    after all, and runs the work once if it did not."""
-
-
-class OutcomeUnknown(Exception):
-    """The work under this key ended its own transaction part-way (or did
-    something else the library cannot undo), so whether any of it committed
-    is unknown. The key keeps that answer: it is never run again by itself,
-    until an operator releases it or it expires."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(
-            f"The work on idempotency key {key!r} was interrupted after part of it may have "
-            "committed, so it will not run again with this key. Check what it did, then "
-            "release the key in the admin (or use a new key) to run it again."
-        )
-        self.key = key
 
 
 @dataclass(frozen=True)
@@ -491,7 +471,7 @@ def unit_of_work(held: Claim, policy: Policy) -> Iterator[Unit[Any]]:
                 yield unit
             unit.outcome()
             body_done = True
-    except work.TransactionEnded as exc:
+    except TransactionEnded as exc:
         if _keep_interrupted(held, policy):
             raise OutcomeUnknown(held.identity.key) from exc
         raise  # the claim was not there to keep: its transaction rolled back, work and all

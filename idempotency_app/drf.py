@@ -37,10 +37,13 @@ from idempotency_app.exceptions import (
     IdempotencyKeyReused,
     IdempotencyScopeMissing,
     IdempotencyStoreUnavailable,
+    InvalidKey,
+    OutcomeUnknown,
     ReplayNotAcceptable,
     RequestInProgress,
     RequestOutcomeUnknown,
     RequestRolledBack,
+    StoreUnavailable,
 )
 from idempotency_app.store import Identity, StoredResponse
 
@@ -145,7 +148,7 @@ def identify(request: Request, options: Options) -> Identity | None:
     """The request's identity, or None to run it without idempotency."""
     try:
         key = keys.parse_key(request.headers.get(conf.HEADER))
-    except keys.InvalidKey as exc:
+    except InvalidKey as exc:
         raise IdempotencyKeyInvalid(
             f"{exc} Send a new key: 1 to 255 printable ASCII characters, such as a UUID."
         ) from exc
@@ -199,9 +202,9 @@ def _handle(
             lambda response: _settle(identity, response, policy.ttl, accept),
             policy,
         )
-    except core.StoreUnavailable as exc:
+    except StoreUnavailable as exc:
         raise IdempotencyStoreUnavailable() from exc
-    except core.OutcomeUnknown as exc:
+    except OutcomeUnknown as exc:
         raise RequestOutcomeUnknown() from exc
     if isinstance(result, core.Executed | core.RolledBack):
         _signal_executed(identity, result.value)

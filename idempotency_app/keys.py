@@ -20,7 +20,7 @@ from django.utils.http import parse_header_parameters
 from rest_framework.exceptions import ParseError
 
 from idempotency_app.conf import conf
-from idempotency_app.exceptions import IdempotencyScopeMissing
+from idempotency_app.exceptions import IdempotencyScopeMissing, InvalidKey
 
 logger = logging.getLogger("idempotency_app")
 
@@ -30,10 +30,6 @@ HASHED_PREFIX = "sha256:"
 # Re-serialising JSON costs more than hashing it (about 0.4 ms for 64 KB);
 # above this size the raw bytes are fingerprinted instead.
 CANONICAL_JSON_MAX_BYTES = 64 * 1024
-
-
-class InvalidKey(ValueError):
-    """The header is present but unusable; the message says why."""
 
 
 def parse_key(raw: str | None) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any
 from django.db import IntegrityError, connections
 
 from idempotency_app import clock
+from idempotency_app.exceptions import UnstorableIdentity
 from idempotency_app.models import IdempotencyRecord
 
 FORMAT_VERSION = 1
@@ -29,10 +30,6 @@ INTERRUPTED = IdempotencyRecord.Status.INTERRUPTED.value
 INTERRUPTED_STATUS = 500
 # MySQL's duplicate-key error: the one error a claim's INSERT expects.
 MYSQL_DUPLICATE_KEY = 1062
-
-
-class UnstorableIdentity(ValueError):
-    """The scope, key or operation cannot be stored exactly on this connection."""
 
 
 @dataclass(frozen=True)

@@ -45,17 +45,8 @@ from django.db import DatabaseError, connections, transaction
 from django.db.transaction import Atomic
 
 from idempotency_app import drivers, statements
+from idempotency_app.exceptions import CannotBeAtomic, TransactionEnded
 from idempotency_app.store import Identity
-
-
-class CannotBeAtomic(RuntimeError):
-    """The work did something that cannot commit together with its stored
-    outcome; it was stopped and rolled back. The message names the fix."""
-
-
-class TransactionEnded(CannotBeAtomic):
-    """The work's transaction ended while the work ran, so part of the work
-    may have committed: it must never run again by itself."""
 
 
 class UnitAtomic(Atomic):

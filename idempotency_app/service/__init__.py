@@ -26,6 +26,14 @@ framework and so is imported only where one is installed.
 
 from __future__ import annotations
 
+from idempotency_app.exceptions import (
+    ClaimLost,
+    KeyInProgress,
+    KeyReused,
+    OutcomeUnknown,
+    StoreUnavailable,
+    WorkRolledBack,
+)
 from idempotency_app.service.aio import (
     aclaim,
     acomplete,
@@ -37,14 +45,6 @@ from idempotency_app.service.aio import (
     arenew,
 )
 from idempotency_app.service.blocks import Run, once
-from idempotency_app.service.errors import (
-    ClaimLost,
-    KeyInProgress,
-    KeyReused,
-    OutcomeUnknown,
-    StoreUnavailable,
-    WorkRolledBack,
-)
 from idempotency_app.service.lookups import LOOKUP_BATCH, Entry, lookup, lookup_many
 from idempotency_app.service.manual import (
     Done,

@@ -8,7 +8,7 @@ from typing import Any
 
 from idempotency_app import aio, core, signals
 from idempotency_app.conf import conf
-from idempotency_app.service.errors import ClaimLost, WorkRolledBack
+from idempotency_app.exceptions import ClaimLost, WorkRolledBack
 from idempotency_app.service.manual import Done, Held, decide, held_from, renew
 from idempotency_app.service.results import (
     RESULT_STATUS,

@@ -9,7 +9,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 
 from idempotency_app import core, signals, store
-from idempotency_app.service.errors import (
+from idempotency_app.exceptions import (
     ClaimLost,
     KeyInProgress,
     KeyReused,

@@ -12,8 +12,8 @@ from asgiref.sync import iscoroutinefunction
 
 from idempotency_app import aio, core
 from idempotency_app.conf import conf
+from idempotency_app.exceptions import KeyInProgress, KeyReused
 from idempotency_app.service.blocks import raise_unless_stored
-from idempotency_app.service.errors import KeyInProgress, KeyReused
 from idempotency_app.service.results import decode, encode, make_identity, stored_result
 from idempotency_app.store import Identity
 

@@ -12,8 +12,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import formats, timezone
 
-from idempotency_app import admin as record_admin
-from idempotency_app import clock
+from idempotency_app import admin as record_admin, clock
 from idempotency_app.models import IdempotencyRecord
 
 pytestmark = pytest.mark.django_db

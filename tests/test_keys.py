@@ -11,8 +11,7 @@ import pytest
 from django.test import RequestFactory
 from django.test.utils import override_settings
 from django.urls import resolve
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from rest_framework.exceptions import ParseError
 
 from idempotency_app import keys

@@ -12,8 +12,7 @@ from django.urls import path
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.utils import extend_schema
 from drf_spectacular.validation import validate_schema
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.request import Request

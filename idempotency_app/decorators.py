@@ -10,7 +10,7 @@ from asgiref.sync import iscoroutinefunction
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from idempotency_app import drf, drf_async, viewchecks  # noqa: F401  (viewchecks registers E030)
+from idempotency_app import drf, drf_async
 from idempotency_app.service.tasks import refuse_generator
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -20,18 +20,13 @@ that publishes a page per error sets the base to that page's URL.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
-from urllib.parse import urlsplit
 
-from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.http import HttpResponse
-from rest_framework.settings import api_settings
 from rest_framework.views import set_rollback
 
-from idempotency_app.conf import DEFAULTS, conf
+from idempotency_app.conf import conf
 from idempotency_app.exceptions import IdempotencyError
 
 FORMATS = ("detail", "problem", "handler")
@@ -86,48 +81,6 @@ def respond(exc: IdempotencyError) -> HttpResponse:
     if wait:
         response["Retry-After"] = str(int(wait))
     return response
-
-
-@register(Tags.compatibility)
-def check_error_format(
-    app_configs: Sequence[Any] | None = None, **kwargs: Any
-) -> list[CheckMessage]:
-    raw = getattr(settings, "IDEMPOTENCY", {})
-    if not isinstance(raw, dict):
-        return []  # E001 says so
-    errors: list[CheckMessage] = []
-    error_format = raw.get("ERROR_FORMAT", DEFAULTS["ERROR_FORMAT"])
-    if error_format not in FORMATS:
-        errors.append(
-            Error(
-                f"IDEMPOTENCY['ERROR_FORMAT'] is {error_format!r}.",
-                hint='Use "detail" ({"detail", "code"}), "problem" (RFC 9457 '
-                'application/problem+json) or "handler" (a plain detail for your exception '
-                "handler to shape).",
-                id="idempotency_app.E019",
-            )
-        )
-    base = raw.get("PROBLEM_TYPE_BASE", DEFAULTS["PROBLEM_TYPE_BASE"])
-    if not isinstance(base, str) or not urlsplit(base).scheme or any(c.isspace() for c in base):
-        errors.append(
-            Error(
-                f"IDEMPOTENCY['PROBLEM_TYPE_BASE'] is {base!r}, which is not an absolute URI.",
-                hint='Use a URL such as "https://api.example.com/problems/" or a URN such as '
-                '"urn:example:problem:"; each code is appended to it.',
-                id="idempotency_app.E020",
-            )
-        )
-    if error_format == "detail" and is_standardized_errors(api_settings.EXCEPTION_HANDLER):
-        errors.append(
-            Warning(
-                "REST_FRAMEWORK['EXCEPTION_HANDLER'] is drf-standardized-errors', which splits "
-                'the {"detail", "code"} body of idempotency errors into two errors.',
-                hint='Set IDEMPOTENCY["ERROR_FORMAT"] = "handler" so each is one error with '
-                'its code, or "problem" for RFC 9457 problem details.',
-                id="idempotency_app.W007",
-            )
-        )
-    return errors
 
 
 def is_standardized_errors(handler: Any) -> bool:

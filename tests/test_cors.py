@@ -9,7 +9,7 @@ from corsheaders.defaults import default_headers
 from django.core import checks
 from django.test.utils import override_settings
 
-from idempotency_app.cors import check_cors_headers
+from idempotency_app.checks import check_cors_headers
 
 GOOD = {
     "CORS_ALLOW_HEADERS": (*default_headers, "idempotency-key"),

@@ -237,13 +237,13 @@ def test_generator_handlers_are_refused(kind: str) -> None:
 
 
 def test_the_test_urls_pass_the_view_check() -> None:
-    from idempotency_app.viewchecks import check_idempotent_views
+    from idempotency_app.checks import check_idempotent_views
 
     assert check_idempotent_views() == []
 
 
 def test_idempotent_views_served_without_drf_fail_the_check() -> None:
-    from idempotency_app.viewchecks import check_idempotent_views
+    from idempotency_app.checks import check_idempotent_views
 
     with override_settings(ROOT_URLCONF="tests.testapp.plain_urls"):
         errors = check_idempotent_views()

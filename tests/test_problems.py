@@ -11,7 +11,7 @@ import pytest
 from django.test.utils import override_settings
 from rest_framework.test import APIClient
 
-from idempotency_app import core, problems
+from idempotency_app import checks, core, problems
 from idempotency_app.exceptions import RequestInProgress
 from tests.conftest import post
 
@@ -165,7 +165,7 @@ def test_respond_outside_a_view() -> None:
 
 def check_ids(**idempotency: Any) -> list[str]:
     with override_settings(IDEMPOTENCY=idempotency):
-        return [m.id or "" for m in problems.check_error_format()]
+        return [m.id or "" for m in checks.check_error_format()]
 
 
 def test_checks_accept_the_formats_and_the_settings() -> None:

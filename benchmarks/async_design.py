@@ -39,7 +39,7 @@ def hops() -> None:
     """The bridge alone, in process: what one unit adds besides its queries."""
     from asgiref.sync import ThreadSensitiveContext
 
-    from idempotency_app import aio
+    from idempotency_app.lifecycle import aio
 
     async def noop() -> None:
         return None

@@ -60,34 +60,37 @@ def _column(index: str) -> str:
 def statements(connection: Any, table_name: str) -> tuple[str, str]:
     """The library's claim (outside a transaction) and completion, on ``table_name``."""
     from idempotency_app import store
-    from idempotency_app.models import IdempotencyRecord
 
-    sql = store._statements(connection.alias)
-    original = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
+    records = store.backend(connection.alias)
+    claim = getattr(records, "claim_alone_sql", records.claim_sql)
     quoted = connection.ops.quote_name(table_name)
-    return sql.claim.replace(original, quoted), sql.complete.replace(original, quoted)
+    return claim.replace(records.table, quoted), records.complete_sql.replace(records.table, quoted)
 
 
 def pair(connection: Any, claim: str, complete: str) -> float:
     """One fresh claim and its completion; seconds."""
     from django.db import transaction
 
-    from idempotency_app import clock
+    from idempotency_app import store
+    from idempotency_app.store import Identity, StoredResponse
 
-    vendor = connection.vendor
-    key, token = str(uuid.uuid4()), uuid.uuid4().hex
-    values = ["user:1", key, "POST charges/", "f" * 64, token]
-    values += [clock.param(vendor, 0), clock.param(vendor, 86400), clock.param(vendor, 60)]
-    if vendor == "postgresql":
-        stamp = clock.param(vendor, 0)
-        values += ["user:1", key, stamp, stamp, "user:1", key]
+    records = store.backend(connection.alias)
+    identity = Identity("user:1", str(uuid.uuid4()), "POST charges/", "f" * 64)
+    token = uuid.uuid4().hex
+    response = StoredResponse(201, (), b'{"id": 1}')
     started = time.perf_counter()
     with connection.cursor() as cursor:
-        cursor.execute(claim, values)
+        cursor.execute(claim, records.claim_params(identity, token, 86400, 60))
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             complete,
-            [clock.param(vendor, 86400), 201, "[]", b'{"id": 1}', "user:1", key, token],
+            {
+                **records.params(identity, expires=86400),
+                "token": token,
+                "status": response.status,
+                "headers": response.headers_json(),
+                "body": response.body,
+            },
         )
     return time.perf_counter() - started
 

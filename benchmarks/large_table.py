@@ -21,7 +21,7 @@ admin    the real admin changelist through Django's test client as a
          superuser: unfiltered, searched by key, by scope, by both
 sort     the changelist sorted by expiry both ways; a day picked in the
          date drill-down
-stale    the stale-claim pass (``sweep.stale`` batches), with claims to
+stale    the stale-claim pass (``sweep.batches("stale")``), with claims to
          delete and with none; one automatic round (``sweep.auto_sweep``),
          statement by statement
 command  ``sweep_idempotency --max-batches`` with a backlog: its output, exit
@@ -34,7 +34,6 @@ batches  the sweep command at ``--batch-size`` 100000 and 5000 while a
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import re
 import subprocess
@@ -112,28 +111,21 @@ def rebuild(rows: int) -> str:
     )
 
 
-def expired_condition() -> Any:
-    """The sweep's condition for expired records, from the library under
-    test (one from before the database clock took the instant)."""
-    from idempotency_app import sweep
+def count(kind: str) -> int:
+    """How many records the sweep's own condition for ``kind`` ("expired"
+    or "stale", the latter with the LEASE grace) matches now."""
+    from django.db import connection
 
-    return _with_now(sweep.expired)
-
-
-def stale_condition() -> Any:
-    """The sweep's condition for stale claims, as ``expired_condition``."""
-    from idempotency_app import sweep
+    from idempotency_app import store
     from idempotency_app.conf import conf
 
-    return _with_now(sweep.stale, conf.LEASE)
-
-
-def _with_now(condition: Callable[..., Any], *args: Any) -> Any:
-    if "now" in inspect.signature(condition).parameters:
-        from django.utils import timezone
-
-        return condition(timezone.now(), *args)
-    return condition(*args)
+    records = store.backend(conf.DATABASE_ALIAS)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT COUNT(*) FROM {records.table} WHERE {records.sweep_conditions[kind]}",
+            records.sweep_params(conf.LEASE),
+        )
+        return int(cursor.fetchone()[0])
 
 
 def kinds() -> str:
@@ -146,11 +138,8 @@ def kinds() -> str:
     in_progress = records_.filter(status="in_progress")
     counts = [
         ["all", records_.count()],
-        ["expired (the sweep's condition)", records_.filter(expired_condition()).count()],
-        [
-            "stale claims (lease lapsed over LEASE ago)",
-            records_.filter(stale_condition()).count(),
-        ],
+        ["expired (the sweep's condition)", count("expired")],
+        ["stale claims (lease lapsed over LEASE ago)", count("stale")],
         ["claims under a live lease", in_progress.filter(locked_until__gt=timezone.now()).count()],
         ["scopes", records_.values("scope").distinct().count()],
     ]
@@ -343,10 +332,7 @@ class Command:
 
 
 def left() -> str:
-    from idempotency_app.models import IdempotencyRecord
-
-    expired = IdempotencyRecord.objects.filter(expired_condition()).count()
-    stale = IdempotencyRecord.objects.filter(stale_condition()).count()
+    expired, stale = count("expired"), count("stale")
     return f"left: {expired:,} expired records, {stale:,} stale claims"
 
 
@@ -378,11 +364,11 @@ def command_backlog(command: Command) -> str:
     expired records and stale claims both waiting."""
     from idempotency_app.models import IdempotencyRecord
 
-    if not IdempotencyRecord.objects.filter(stale_condition()).exists():
+    if not count("stale"):
         make_stale()
-    if not IdempotencyRecord.objects.filter(expired_condition()).exists():
+    if not count("expired"):
         make_backlog(IdempotencyRecord.objects.count() // 10)
-    expired = IdempotencyRecord.objects.filter(expired_condition()).count()
+    expired = count("expired")
     batch = max(1, min(5000, expired // 5))  # a backlog whatever --rows says
     out = [f"before: {left()[6:]}; batch size {batch}"]
     for args in (["--max-batches", "2"], ["--max-batches", "1", "-v", "0"]):
@@ -410,7 +396,7 @@ def stale_pass() -> str:
     batch = 5000
 
     def stale_batches(dry_run: bool) -> int:
-        return sum(sweep.batches(stale_condition(), batch, using, dry_run))
+        return sum(sweep.batches("stale", batch, using, dry_run, conf.LEASE))
 
     out = []
     for title, dry_run in (
@@ -448,20 +434,21 @@ class Claimer(threading.Thread):
     def run(self) -> None:
         from django.db import connection
 
-        from idempotency_app import core
+        from idempotency_app.lifecycle import units
+        from idempotency_app.lifecycle.claims import Claim, Policy, claim
         from idempotency_app.store import Identity, StoredResponse
 
-        policy = core.Policy.from_settings()
+        policy = Policy.from_settings()
         stored = StoredResponse(201, (("Content-Type", "application/json"),), b"{}")
         i = 0
         while not self.stop.is_set():
             identity = Identity("user:claims", f"{self.prefix}-{i}", "POST charges/", "f" * 64)
             started = time.perf_counter()
             try:
-                held = core.claim(identity, policy)
+                held = claim(identity, policy)
                 self.times.append((time.perf_counter() - started) * 1000)
-                if isinstance(held, core.Claim):
-                    core.execute(held, lambda: None, lambda _: stored, policy)
+                if isinstance(held, Claim):
+                    units.execute(held, lambda: None, lambda _: stored)
                 else:
                     self.failed += 1
             except Exception:

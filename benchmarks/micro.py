@@ -207,7 +207,7 @@ class GuardCounter:
     """Counts the guard's Redis commands by wrapping its two raw calls."""
 
     def __init__(self) -> None:
-        from idempotency_app.cache import guard
+        from idempotency_app.guard import guard
 
         self.calls: Counter[str] = Counter()
         for name, command in (("_raw_get", "GET"), ("_raw_set", "SET")):
@@ -338,13 +338,13 @@ def synchronous_commit(on: bool, aliases: tuple[str, ...] = (SMALL,)) -> Iterato
 
 
 def time_claims(identities: list[Any], expect: type, alias: str = SMALL) -> list[float]:
-    from idempotency_app import core
+    from idempotency_app.lifecycle.claims import Policy, claim
 
-    policy = replace(core.Policy.from_settings(), using=alias)
+    policy = replace(Policy.from_settings(), using=alias)
     times = []
     for identity in identities:
         t0 = time.perf_counter()
-        decision = core.claim(identity, policy)
+        decision = claim(identity, policy)
         times.append((time.perf_counter() - t0) * 1000)
         if not isinstance(decision, expect):
             raise RuntimeError(f"expected {expect.__name__}, got {decision!r}")
@@ -366,7 +366,7 @@ def interleaved(
 def claim_latency(rows: int, claims: int) -> str:
     from django.db import connections
 
-    from idempotency_app import core
+    from idempotency_app.lifecycle.claims import Claim, Replay
     from idempotency_app.models import IdempotencyRecord
 
     load_seconds = prepare_large(rows)
@@ -377,17 +377,17 @@ def claim_latency(rows: int, claims: int) -> str:
     for on in (True,) if mysql else (True, False):
         mode = "commit flushed" if on else "no flush"
         with nullcontext() if mysql else synchronous_commit(on, (SMALL, LARGE)):
-            interleaved(BATCH * 2, lambda alias: [new_identity() for _ in range(BATCH)], core.Claim)
+            interleaved(BATCH * 2, lambda alias: [new_identity() for _ in range(BATCH)], Claim)
             cells = {
                 f"new key, {mode}": interleaved(
-                    claims, lambda alias: [new_identity() for _ in range(BATCH)], core.Claim
+                    claims, lambda alias: [new_identity() for _ in range(BATCH)], Claim
                 ),
                 f"existing key, {mode}": interleaved(
                     claims,
                     lambda alias: [
                         loaded_identity(random.randint(1, sizes[alias])) for _ in range(BATCH)
                     ],
-                    core.Replay,
+                    Replay,
                 ),
             }
         for alias in (SMALL, LARGE):
@@ -410,7 +410,7 @@ def claim_latency(rows: int, claims: int) -> str:
         connections[alias].close()
     big = f"{rows // 1000}k"
     headers = [
-        "core.claim",
+        "claims.claim",
         "10k p50 ms",
         "10k p99 ms",
         f"{big} p50 ms",
@@ -456,7 +456,7 @@ def sequence_value() -> int:
 
 def time_variant(identities: list[Any]) -> list[float]:
     """The variant statement, timed bare (the shipped one is timed through
-    core.claim, so its figure carries a little Python on top)."""
+    claims.claim, so its figure carries a little Python on top)."""
     from django.db import connection
 
     from idempotency_app import clock
@@ -485,7 +485,7 @@ def time_variant(identities: list[Any]) -> list[float]:
 
 
 def sequence_burn(lookups: int) -> str:
-    from idempotency_app import core
+    from idempotency_app.lifecycle.claims import Replay
 
     empty(SMALL)
     load_rows(SMALL, 10_000)
@@ -495,7 +495,7 @@ def sequence_burn(lookups: int) -> str:
     for _ in range(max(1, lookups // BATCH)):
         identities = [loaded_identity(random.randint(1, 10_000)) for _ in range(BATCH)]
         before = sequence_value()
-        shipped += time_claims(identities, core.Replay)
+        shipped += time_claims(identities, Replay)
         middle = sequence_value()
         variant += time_variant(identities)
         burnt["shipped"] += middle - before
@@ -518,7 +518,7 @@ def sequence_burn(lookups: int) -> str:
     ]
     return table(headers, rows) + (
         f"\n({done} lookups each, alternating in batches of {BATCH}; "
-        "the variant is timed as bare SQL, without core.claim's Python)"
+        "the variant is timed as bare SQL, without claims.claim's Python)"
     )
 
 
@@ -548,7 +548,7 @@ def fingerprint_cost() -> str:
     from rest_framework.request import Request
     from rest_framework.test import APIRequestFactory
 
-    from idempotency_app import keys
+    from idempotency_app.http import keys
 
     factory = APIRequestFactory()
     rows = []
@@ -680,8 +680,10 @@ def components() -> str:
     from rest_framework.test import APIRequestFactory
     from rest_framework.views import APIView
 
-    from idempotency_app import core, drf, keys
-    from idempotency_app.cache import guard
+    from idempotency_app.guard import guard
+    from idempotency_app.http import keys
+    from idempotency_app.http.replay import replay
+    from idempotency_app.lifecycle.claims import Policy, claim
     from idempotency_app.models import IdempotencyRecord
     from idempotency_app.store import Identity, StoredResponse
 
@@ -689,7 +691,7 @@ def components() -> str:
     post(client(), "/idem/", replay_key)
     record = IdempotencyRecord.objects.get(key=replay_key)
     identity = Identity(record.scope, record.key, record.operation, record.fingerprint)
-    policy = core.Policy.from_settings()
+    policy = Policy.from_settings()
     django_request = APIRequestFactory().post("/idem/", BODY, content_type="application/json")
     django_request.resolver_match = resolve("/idem/")
     request = Request(django_request, parsers=[JSONParser()])
@@ -711,12 +713,12 @@ def components() -> str:
         return wrapped
 
     pieces: list[tuple[str, Callable[[], Any], int]] = [
-        ("claim of an existing key (one statement)", lambda: core.claim(identity, policy), 1),
+        ("claim of an existing key (one statement)", lambda: claim(identity, policy), 1),
         ("SELECT 1 through the Django cursor", lambda: _select_one(connection), 1),
         ("SAVEPOINT + RELEASE (a nested atomic block)", in_transaction(savepoint), 10),
         ("guard.get: a Redis GET that misses", lambda: guard.get(missing), 1),
         ("fingerprint of the bench body (45 bytes)", lambda: keys.fingerprint(request), 1),
-        ("drf.replay: stored bytes to a response", lambda: drf.replay(stored, request, view), 1),
+        ("replay: stored bytes to a response", lambda: replay(stored, request, view), 1),
         ("secrets.token_hex(16): the claim token", lambda: secrets.token_hex(16), 1),
     ]
     rows = []

@@ -80,7 +80,12 @@ def per_call(function: Callable[[], Any], calls: int) -> float:
 def measure(database: str, rounds: int, calls: int) -> list[tuple[str, str, float]]:
     from django.db import connections, transaction
 
-    from idempotency_app import store, work
+    from idempotency_app import store
+
+    try:
+        from idempotency_app.lifecycle import work
+    except ImportError:  # a checkout from before the lifecycle package
+        from idempotency_app import work  # type: ignore[no-redef]
 
     identity = store.Identity("user:1", "bench-key", "POST charges/", "0" * 64)
 

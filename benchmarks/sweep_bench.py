@@ -136,10 +136,11 @@ def traffic(stop: threading.Event, results: dict[str, Any]) -> None:
     """Claims new keys and replays one, as live requests would, during the sweep."""
     from django.db import connection
 
-    from idempotency_app import core
+    from idempotency_app.lifecycle import units
+    from idempotency_app.lifecycle.claims import Policy, Replay
     from idempotency_app.store import Identity, StoredResponse
 
-    policy = core.Policy.from_settings()
+    policy = Policy.from_settings()
     stored = StoredResponse(201, (("Content-Type", "application/json"),), b"{}")
     latencies: list[float] = []
     errors = 0
@@ -148,9 +149,9 @@ def traffic(stop: threading.Event, results: dict[str, Any]) -> None:
         identity = Identity("user:traffic", f"traffic-{i}", "POST charges/", "f" * 64)
         start = time.perf_counter()
         try:
-            first = core.run(identity, lambda: None, lambda _: stored, policy)
-            again = core.run(identity, lambda: None, lambda _: stored, policy)
-            if not (isinstance(first, core.Executed) and isinstance(again, core.Replay)):
+            first = units.run(identity, lambda: None, lambda _: stored, policy)
+            again = units.run(identity, lambda: None, lambda _: stored, policy)
+            if not (isinstance(first, units.Executed) and isinstance(again, Replay)):
                 errors += 1
         except Exception:
             errors += 1

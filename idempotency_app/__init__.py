@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from idempotency_app import _moved
+
 __version__ = "0.1.0"
+_moved.install()
 
 # Each public name, and the module it lives in.
 _PUBLIC = {

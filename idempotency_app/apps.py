@@ -15,12 +15,12 @@ class IdempotencyConfig(AppConfig):
         from django.db.backends.signals import connection_created
 
         from idempotency_app import checks
+        from idempotency_app.lifecycle.work import guard_raw_cursors
         from idempotency_app.sweep import sweep_after_request
-        from idempotency_app.work import guard_raw_cursors
 
         request_finished.connect(sweep_after_request, dispatch_uid="idempotency_app.auto_sweep")
         connection_created.connect(guard_raw_cursors, dispatch_uid="idempotency_app.raw_cursors")
         checks.register_all()
         # Optional integrations, each imported only where its library is.
         if find_spec("prometheus_client") is not None:
-            from idempotency_app import metrics  # noqa: F401  (connects the counters)
+            from idempotency_app.integrations import metrics  # noqa: F401  (connects the counters)

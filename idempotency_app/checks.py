@@ -395,8 +395,8 @@ def check_view_options(
     """Each view's ttl/lease/wait, combined with the settings it leaves to
     them, must be safe: ``lease=5`` with ``WAIT_FOR_IN_FLIGHT = 10`` would
     let a waiting duplicate take over a live request."""
-    from idempotency_app.core import policy_problems
-    from idempotency_app.drf import declared_options
+    from idempotency_app.conf import policy_problems
+    from idempotency_app.http.options import declared_options
 
     errors: list[CheckMessage] = []
     for name, options in declared_options():
@@ -442,7 +442,7 @@ def check_transactions(
                 "write to.",
             )
         )
-    from idempotency_app.store import narrow_mysql_charset
+    from idempotency_app.store.mysql import narrow_charset as narrow_mysql_charset
 
     database = settings.DATABASES[alias]
     charset = narrow_mysql_charset(database)
@@ -456,7 +456,7 @@ def check_transactions(
                 hint='Set DATABASES[...]["OPTIONS"] = {"charset": "utf8mb4"}.',
             )
         )
-    from idempotency_app.drivers import reports_transactions
+    from idempotency_app.lifecycle.drivers import reports_transactions
 
     if "mysql" in database.get("ENGINE", "") and not reports_transactions("mysql"):
         errors.append(
@@ -502,7 +502,7 @@ def check_error_format(
 ) -> list[CheckMessage]:
     """ERROR_FORMAT and PROBLEM_TYPE_BASE, and the exception handler they
     must suit (see ``idempotency_app.problems``)."""
-    from idempotency_app.problems import FORMATS, is_standardized_errors
+    from idempotency_app.http.problems import FORMATS, is_standardized_errors
 
     raw = getattr(settings, "IDEMPOTENCY", {})
     if not isinstance(raw, dict):
@@ -595,7 +595,7 @@ def check_cors_headers(
     corsheaders is installed."""
     from corsheaders.conf import conf as cors_conf
 
-    from idempotency_app.drf import EXPIRES_HEADER, REPLAYED_HEADER
+    from idempotency_app.http.replay import EXPIRES_HEADER, REPLAYED_HEADER
 
     exposed_names = (REPLAYED_HEADER, EXPIRES_HEADER, "Retry-After")
     errors: list[CheckMessage] = []

@@ -30,14 +30,15 @@ from django.utils import timezone
 _offset = 0.0
 _frozen: datetime | None = None
 
-# The database's instant plus %s seconds. UTC on MySQL and SQLite whatever
-# USE_TZ says: a local clock repeats or skips an hour at daylight-saving
-# changes, which could lapse a live lease. PostgreSQL's timestamptz is
-# absolute; statement_timestamp(), unlike now(), moves inside a transaction.
+# The database's instant plus {seconds} seconds (a query parameter). UTC on
+# MySQL and SQLite whatever USE_TZ says: a local clock repeats or skips an hour
+# at daylight-saving changes, which could lapse a live lease. PostgreSQL's
+# timestamptz is absolute; statement_timestamp(), unlike now(), moves inside
+# a transaction.
 _SQL = {
-    "postgresql": "(statement_timestamp() + %s * interval '1 second')",
-    "mysql": "(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)",
-    "sqlite": "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)",
+    "postgresql": "(statement_timestamp() + {seconds} * interval '1 second')",
+    "mysql": "(UTC_TIMESTAMP(6) + INTERVAL {seconds} MICROSECOND)",
+    "sqlite": "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', {seconds})",
 }
 
 
@@ -46,8 +47,10 @@ def offset() -> float:
     return _offset
 
 
-def sql(vendor: str) -> str:
-    return _SQL[vendor]
+def sql(vendor: str, name: str | None = None) -> str:
+    """The database's now plus the seconds of one parameter: positional
+    (``%s``), or the named ``%(name)s``."""
+    return _SQL[vendor].format(seconds="%s" if name is None else f"%({name})s")
 
 
 def param(vendor: str, seconds: float) -> Any:

@@ -7,6 +7,7 @@ so ``override_settings(IDEMPOTENCY={...})`` takes effect at once in tests.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -83,6 +84,31 @@ def to_seconds(value: float | timedelta) -> float:
     if isinstance(value, timedelta):
         return value.total_seconds()
     return float(value)
+
+
+def is_duration(value: Any) -> bool:
+    """A number of seconds (not a bool) or a ``timedelta``."""
+    return isinstance(value, timedelta) or (
+        isinstance(value, int | float) and not isinstance(value, bool)
+    )
+
+
+def policy_problems(ttl: float, lease: float, wait: float) -> list[str]:
+    """What makes a combination of durations unsafe, in words: the one rule
+    that the settings' checks, per-view options and per-call options all
+    apply. Per-view and per-call options may be shorter than the settings
+    allow (a task's TTL of a few seconds, say), never unsafe."""
+    problems = []
+    if not 0 < ttl < math.inf:
+        problems.append(f"TTL is {ttl:g}s; it must be a positive number of seconds.")
+    if not 0 < lease < math.inf:
+        problems.append(f"LEASE is {lease:g}s; it must be a positive number of seconds.")
+    if not 0 <= wait < lease:
+        problems.append(
+            f"WAIT_FOR_IN_FLIGHT is {wait:g}s; it must be at least 0 and shorter than "
+            f"LEASE ({lease:g}s), or a waiting duplicate could take over a live request."
+        )
+    return problems
 
 
 class Settings:

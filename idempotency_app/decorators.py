@@ -10,8 +10,9 @@ from asgiref.sync import iscoroutinefunction
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from idempotency_app import drf, drf_async
-from idempotency_app.service.tasks import refuse_generator
+from idempotency_app.http import async_handling, handling
+from idempotency_app.http.options import Options, declare
+from idempotency_app.lifecycle.units import refuse_generator
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,7 +39,7 @@ def idempotent(
     An ``async def`` handler of an adrf view is covered the same way; a
     generator is refused when decorated.
     """
-    options = drf.Options(
+    options = Options(
         ttl=ttl,
         lease=lease,
         wait=wait,
@@ -49,10 +50,10 @@ def idempotent(
     )
 
     def decorate(handler: F) -> F:
-        drf.declare(f"{handler.__module__}.{handler.__qualname__}", options)
+        declare(handler.__module__, handler.__qualname__, options)
         _refuse_unsupported(handler)
         if iscoroutinefunction(handler):  # an adrf async view
-            wrapped = drf_async.decorated(handler, options, _locate, DECORATOR_METHODS)
+            wrapped = async_handling.decorated(handler, options, _locate, DECORATOR_METHODS)
             wrapped.idempotency_options = options  # type: ignore[attr-defined]
             return cast(F, wrapped)
 
@@ -61,7 +62,7 @@ def idempotent(
             view, request = _locate(args)
             if not options.covers(request.method or "", DECORATOR_METHODS):
                 return handler(*args, **kwargs)
-            return drf.handle(view, request, lambda: handler(*args, **kwargs), options)
+            return handling.handle(view, request, lambda: handler(*args, **kwargs), options)
 
         wrapper.idempotency_options = options  # type: ignore[attr-defined]
         return cast(F, wrapper)

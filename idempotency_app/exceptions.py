@@ -212,13 +212,15 @@ class WorkRolledBack(Error):
     kept, no result was stored and the key was released, so a retry runs
     the work again."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, value: Any = None) -> None:
         super().__init__(
             f"The work on idempotency key {key!r} was rolled back, so nothing was stored; "
             "a retry runs it again. Wrap a statement whose database error you catch in its "
             "own transaction.atomic()."
         )
         self.key = key
+        # What the work returned (a view's response), which did not commit.
+        self.value = value
 
 
 class KeyReused(Error):

@@ -12,8 +12,9 @@ from django.views import View
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from idempotency_app import drf, drf_async
 from idempotency_app.conf import conf
+from idempotency_app.http import async_handling, handling
+from idempotency_app.http.options import Options, declare
 
 
 class IdempotentMixin:
@@ -31,7 +32,7 @@ class IdempotentMixin:
     idempotency_scope: str | Callable[[Any], str | None] | None = None
     idempotency_fingerprint: str | Callable[[Any], str] | None = None
 
-    _idempotency_options = drf.Options()
+    _idempotency_options = Options()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Build and check the options when the view class is defined: a
@@ -51,9 +52,10 @@ class IdempotentMixin:
                 "APIView.initial() runs instead of the mixin's, so no request would be covered. "
                 f"List the mixin first: class {cls.__name__}(IdempotentMixin, <your DRF base>)."
             )
-        cls._idempotency_options = drf.declare(
-            f"{cls.__module__}.{cls.__qualname__}",
-            drf.Options(
+        cls._idempotency_options = declare(
+            cls.__module__,
+            cls.__qualname__,
+            Options(
                 ttl=cls.idempotency_ttl,
                 lease=cls.idempotency_lease,
                 wait=cls.idempotency_wait,
@@ -64,7 +66,7 @@ class IdempotentMixin:
             ),
         )
 
-    def get_idempotency_options(self) -> drf.Options:
+    def get_idempotency_options(self) -> Options:
         return self._idempotency_options
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
@@ -82,11 +84,12 @@ class IdempotentMixin:
         if hasattr(handler, "idempotency_options"):
             return  # @idempotent on the handler itself is more specific and wins
         if iscoroutinefunction(handler):  # an adrf async view
-            setattr(self, method, drf_async.covered(self, handler, options))  # type: ignore[arg-type]
+            setattr(self, method, async_handling.covered(self, handler, options))  # type: ignore[arg-type]
             return
 
         @functools.wraps(handler)
         def idempotent_handler(request: Request, *args: Any, **kwargs: Any) -> Any:
-            return drf.handle(self, request, lambda: handler(request, *args, **kwargs), options)  # type: ignore[arg-type]
+            call = functools.partial(handler, request, *args, **kwargs)
+            return handling.handle(self, request, call, options)  # type: ignore[arg-type]
 
         setattr(self, method, idempotent_handler)

@@ -10,9 +10,10 @@ also sent with ``status``, its response status) and ``store_unavailable``
 (the database could not arbitrate a claim: the client gets 503).
 
 ``claim_timed`` is sent after every claim with ``seconds`` (how long it
-took) and ``decision`` (what it decided: a ``core.Claim``, ``Replay``,
-``InProgress`` or ``Mismatch``; None when it raised). It is measured only
-while a receiver is connected.
+took) and ``decision`` (what it decided: a ``lifecycle.claims.Claim`` or
+``Replay``, or the exception it raised: ``KeyInProgress``, ``KeyReused``,
+``OutcomeUnknown``, ``StoreUnavailable``). It is measured only while a
+receiver is connected.
 """
 
 from __future__ import annotations
@@ -50,11 +51,14 @@ def timed(
         def wrapper(identity: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
             if not signal.receivers:
                 return func(identity, *args, **kwargs)
-            decision: R | None = None
+            decision: Any = None
             started = time.perf_counter()
             try:
                 decision = func(identity, *args, **kwargs)
-                return decision
+                return decision  # type: ignore[no-any-return]
+            except BaseException as exc:
+                decision = exc
+                raise
             finally:
                 seconds = time.perf_counter() - started
                 signal.send(func, identity=identity, seconds=seconds, decision=decision)

@@ -24,12 +24,9 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Q, QuerySet
 
-from idempotency_app import clock, core, service
-from idempotency_app.clock import DatabaseNow
+from idempotency_app import clock, service, store
 from idempotency_app.conf import conf
-from idempotency_app.models import IdempotencyRecord
 
 logger = logging.getLogger("idempotency_app")
 
@@ -40,56 +37,31 @@ AUTO_SWEEP_SCOPE = "idempotency_app"
 AUTO_SWEEP_OPERATION = "idempotency_app.sweep"
 
 
-def expired() -> Q:
-    """Past its replay window, and not held by a live lease (a claim whose
-    lease was renewed beyond its expiry is still someone's)."""
-    return Q(expires_at__lte=DatabaseNow()) & (
-        Q(locked_until__isnull=True) | Q(locked_until__lte=DatabaseNow())
-    )
-
-
-def stale(grace: float) -> Q:
-    """An in-progress claim inside its window whose lease lapsed more than
-    ``grace`` seconds ago: its worker is gone, a retry would take it over."""
-    return Q(
-        status=IdempotencyRecord.Status.IN_PROGRESS,
-        locked_until__lte=DatabaseNow(-grace),
-        expires_at__gt=DatabaseNow(),
-    )
-
-
-def delete_where(records: QuerySet[IdempotencyRecord], using: str) -> int:
-    """One DELETE with the queryset's whole condition on ``using`` (never a
-    replica a router reads from), whatever signal receivers the project
-    has; the number of rows deleted."""
-    deleted: int = records._raw_delete(using)
-    return deleted
-
-
-def batches(condition: Q, batch_size: int, using: str, dry_run: bool = False) -> Iterator[int]:
-    """Delete the records matching ``condition`` a batch at a time, yielding
-    each batch's count; stop iterating to stop deleting. ``dry_run`` counts
-    what would go and deletes nothing."""
-    records = IdempotencyRecord.objects.using(using)
+def batches(
+    kind: str, batch_size: int, using: str, dry_run: bool = False, grace: float = 0
+) -> Iterator[int]:
+    """Delete the ``kind`` records ("expired": past their window and not
+    held by a live lease; "stale": in-progress claims inside their window
+    whose lease lapsed more than ``grace`` seconds ago) a batch at a time,
+    yielding each batch's count; stop iterating to stop deleting.
+    ``dry_run`` counts what would go and deletes nothing."""
+    records = store.backend(using)
     after: int | None = None
     while True:
         with transaction.atomic(using=using):
-            candidates = records.filter(condition)
-            if after is not None:
-                candidates = candidates.filter(pk__gt=after)
-            pks = list(candidates.order_by("pk").values_list("pk", flat=True)[:batch_size])
+            pks = records.sweep_batch(kind, after, batch_size, grace)
             if not pks:
                 return
             after = pks[-1]
-            if dry_run:
-                count = len(pks)
-            else:
-                count = delete_where(
-                    records.filter(condition, pk__gte=pks[0], pk__lte=after), using
-                )
+            count = len(pks) if dry_run else records.sweep_delete(kind, pks[0], after, grace)
         yield count
         if len(pks) < batch_size:
             return
+
+
+def remains(kind: str, using: str, grace: float = 0) -> bool:
+    """Whether a ``kind`` record is left to sweep."""
+    return bool(store.backend(using).sweep_batch(kind, None, 1, grace))
 
 
 # Seconds since the epoch before which this process will not try again.
@@ -143,12 +115,12 @@ def auto_sweep(now: datetime, interval: float) -> dict[str, int] | None:
     using = conf.DATABASE_ALIAS
     try:
         deleted = {
-            "expired": next(batches(expired(), DEFAULT_BATCH, using), 0),
-            "stale": next(batches(stale(conf.LEASE), DEFAULT_BATCH, using), 0),
+            "expired": next(batches("expired", DEFAULT_BATCH, using), 0),
+            "stale": next(batches("stale", DEFAULT_BATCH, using, grace=conf.LEASE), 0),
         }
         service.complete(held, deleted)
     except BaseException:
-        core.release_quietly(held.core_claim())
+        held.let_go()
         raise
     if DEFAULT_BATCH in deleted.values():
         logger.warning(

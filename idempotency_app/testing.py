@@ -48,7 +48,7 @@ from typing import Any
 from django.db import connections
 
 from idempotency_app.conf import conf
-from idempotency_app.drf import EXPIRES_HEADER, REPLAYED_HEADER
+from idempotency_app.http.replay import EXPIRES_HEADER, REPLAYED_HEADER
 
 METHODS = ("post", "put", "patch", "delete")
 ROUNDS = 5  # of concurrent duplicates, while every copy is refused

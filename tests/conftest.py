@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.core.cache import caches
 from rest_framework.test import APIClient
 
-from idempotency_app import cache as guard_module
+from idempotency_app import guard as guard_module
 from idempotency_app.models import IdempotencyRecord
 
 SERVER_DB = settings.DB != "sqlite"

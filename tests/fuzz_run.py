@@ -55,7 +55,7 @@ from django.test.utils import (  # noqa: E402
 )
 from rest_framework.test import APIClient  # noqa: E402
 
-from idempotency_app.keys import CANONICAL_JSON_MAX_BYTES  # noqa: E402
+from idempotency_app.http.keys import CANONICAL_JSON_MAX_BYTES  # noqa: E402
 from idempotency_app.models import IdempotencyRecord  # noqa: E402
 
 RETRIES = 0.33  # the share of requests that repeat a recent one exactly

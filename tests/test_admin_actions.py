@@ -14,7 +14,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from idempotency_app.admin_actions import expire, replaying
+from idempotency_app.admin.actions import expire, replaying
 from idempotency_app.models import IdempotencyRecord
 from tests import test_admin
 from tests.test_admin import COMPLETED, IN_PROGRESS, URL, staff

@@ -16,8 +16,8 @@ from django.core.cache import caches
 from django.test.utils import override_settings
 from rest_framework.test import APIClient
 
-from idempotency_app import cache as guard_module, clock, signals
-from idempotency_app.cache import TransientErrorCache, decode, encode
+from idempotency_app import clock, guard as guard_module, signals
+from idempotency_app.guard import TransientErrorCache, decode, encode
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import Identity, StoredResponse
 from tests.concurrency import fire_processes

@@ -177,7 +177,7 @@ def test_a_mysql_driver_that_cannot_report_transactions_is_w010(
 ) -> None:
     """Without MariaDB Connector/C under mysqlclient, the driver cannot say
     whether the work's transaction is still open: warned, naming the fix."""
-    from idempotency_app import drivers
+    from idempotency_app.lifecycle import drivers
 
     pytest.importorskip("MySQLdb", reason="needs mysqlclient: pip install -e '.[mysql]'")
     mysql = {"ENGINE": "django.db.backends.mysql", "NAME": "x", "OPTIONS": {"charset": "utf8mb4"}}

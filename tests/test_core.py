@@ -11,50 +11,55 @@ import pytest
 from django.db import OperationalError, connection, connections
 from django.utils import timezone
 
-from idempotency_app import clock, core, store
+from idempotency_app import clock, store
+from idempotency_app.exceptions import KeyInProgress, StoreUnavailable, WorkRolledBack
+from idempotency_app.lifecycle import units
+from idempotency_app.lifecycle.claims import Claim, Policy, Replay, claim
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import Identity, StoredResponse
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 IDENTITY = Identity("scope", "key", "op", "f" * 64)
-POLICY = core.Policy(ttl=3600, lease=1, wait=0, using="default")
+POLICY = Policy(ttl=3600, lease=1, wait=0, using="default")
 
 
 def test_takeover_loses_to_a_completion_that_landed_first(monkeypatch: pytest.MonkeyPatch) -> None:
     """B reads a lapsed claim; A completes before B's UPDATE: B must replay."""
     with clock.freeze():
-        first = core.claim(IDENTITY, POLICY)
-        assert isinstance(first, core.Claim)
+        first = claim(IDENTITY, POLICY)
+        assert isinstance(first, Claim)
         clock.advance(2)
-        real_take_over = store.take_over
+        records = store.backend("default")
+        real_take_over = records.take_over
 
         def completion_lands_first(*args: Any, **kwargs: Any) -> bool:
             stored = StoredResponse(201, (), b"A")
-            assert store.complete(IDENTITY, first.token, stored, 3600, "default")
+            assert records.complete(IDENTITY, first.token, stored, 3600)
             return real_take_over(*args, **kwargs)
 
-        monkeypatch.setattr(store, "take_over", completion_lands_first)
-        second = core.claim(IDENTITY, POLICY)
-    assert isinstance(second, core.Replay)
+        monkeypatch.setattr(records, "take_over", completion_lands_first)
+        second = claim(IDENTITY, POLICY)
+    assert isinstance(second, Replay)
     assert second.response.body == b"A"
     assert IdempotencyRecord.objects.get().status == "completed"
 
 
 def test_takeover_loses_to_a_renewed_lease(monkeypatch: pytest.MonkeyPatch) -> None:
     with clock.freeze():
-        first = core.claim(IDENTITY, POLICY)
-        assert isinstance(first, core.Claim)
+        first = claim(IDENTITY, POLICY)
+        assert isinstance(first, Claim)
         clock.advance(2)
-        real_take_over = store.take_over
+        records = store.backend("default")
+        real_take_over = records.take_over
 
         def renewal_lands_first(*args: Any, **kwargs: Any) -> bool:
-            assert store.renew(IDENTITY, first.token, 60, "default")
+            assert records.renew(IDENTITY, first.token, 60)
             return real_take_over(*args, **kwargs)
 
-        monkeypatch.setattr(store, "take_over", renewal_lands_first)
-        second = core.claim(IDENTITY, POLICY)
-    assert isinstance(second, core.InProgress)
+        monkeypatch.setattr(records, "take_over", renewal_lands_first)
+        with pytest.raises(KeyInProgress):
+            claim(IDENTITY, POLICY)
     assert IdempotencyRecord.objects.get().token == first.token
 
 
@@ -74,17 +79,18 @@ def test_lock_conflicts_while_claiming_are_in_progress(
     def conflict(*args: Any, **kwargs: Any) -> None:
         raise error
 
-    monkeypatch.setattr(store, "insert_or_fetch", conflict)
-    assert isinstance(core.claim(IDENTITY, POLICY), core.InProgress)
+    monkeypatch.setattr(store.backend("default"), "claim", conflict)
+    with pytest.raises(KeyInProgress):
+        claim(IDENTITY, POLICY)
 
 
 def test_other_database_errors_are_store_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: Any, **kwargs: Any) -> None:
         raise OperationalError("connection refused")
 
-    monkeypatch.setattr(store, "insert_or_fetch", broken)
-    with pytest.raises(core.StoreUnavailable):
-        core.claim(IDENTITY, POLICY)
+    monkeypatch.setattr(store.backend("default"), "claim", broken)
+    with pytest.raises(StoreUnavailable):
+        claim(IDENTITY, POLICY)
 
 
 def test_work_that_marks_its_transaction_for_rollback_is_released() -> None:
@@ -94,30 +100,31 @@ def test_work_that_marks_its_transaction_for_rollback_is_released() -> None:
         transaction.set_rollback(True)
         return "value"
 
-    result = core.run(IDENTITY, work, lambda value: StoredResponse(200, (), b"x"), POLICY)
-    assert result == core.RolledBack("value"), "a success whose work rolled back is not a success"
+    with pytest.raises(WorkRolledBack) as rolled_back:
+        units.run(IDENTITY, work, lambda value: StoredResponse(200, (), b"x"), POLICY)
+    assert rolled_back.value.value == "value", "a success whose work rolled back is not a success"
     assert not IdempotencyRecord.objects.exists()
 
 
 def test_a_second_completion_never_overwrites_the_first() -> None:
-    held = core.claim(IDENTITY, POLICY)
-    assert isinstance(held, core.Claim)
-    assert store.complete(IDENTITY, held.token, StoredResponse(201, (), b"first"), 3600, "default")
-    assert not store.complete(
-        IDENTITY, held.token, StoredResponse(200, (), b"second"), 3600, "default"
-    )
+    held = claim(IDENTITY, POLICY)
+    assert isinstance(held, Claim)
+    records = store.backend("default")
+    assert records.complete(IDENTITY, held.token, StoredResponse(201, (), b"first"), 3600)
+    assert not records.complete(IDENTITY, held.token, StoredResponse(200, (), b"second"), 3600)
     assert bytes(IdempotencyRecord.objects.get().response_body) == b"first"
 
 
 def test_leases_are_judged_by_the_database_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """An app server whose clock runs an hour ahead must not take over a
     claim whose lease is live by the database's clock."""
-    policy = core.Policy(ttl=3600, lease=60, wait=0, using="default")
-    first = core.claim(IDENTITY, policy)
-    assert isinstance(first, core.Claim)
+    policy = Policy(ttl=3600, lease=60, wait=0, using="default")
+    first = claim(IDENTITY, policy)
+    assert isinstance(first, Claim)
     real_now = timezone.now
     monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(hours=1))
-    assert isinstance(core.claim(IDENTITY, policy), core.InProgress)
+    with pytest.raises(KeyInProgress):
+        claim(IDENTITY, policy)
     assert IdempotencyRecord.objects.get().token == first.token
 
 
@@ -138,9 +145,9 @@ def database_down(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_a_database_that_refuses_connections_is_store_unavailable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    with database_down(monkeypatch), pytest.raises(core.StoreUnavailable):
-        core.claim(IDENTITY, POLICY)
-    assert isinstance(core.claim(IDENTITY, POLICY), core.Claim), "back once it is reachable"
+    with database_down(monkeypatch), pytest.raises(StoreUnavailable):
+        claim(IDENTITY, POLICY)
+    assert isinstance(claim(IDENTITY, POLICY), Claim), "back once it is reachable"
 
 
 def _kill_from_outside() -> None:
@@ -168,7 +175,7 @@ def test_a_connection_broken_since_its_last_use_is_replaced_once() -> None:
     if connection.vendor == "sqlite":
         pytest.skip("needs a database server that can end a session")
     _kill_from_outside()
-    assert isinstance(core.claim(IDENTITY, POLICY), core.Claim)
+    assert isinstance(claim(IDENTITY, POLICY), Claim)
 
 
 def test_an_outage_at_the_completion_is_signalled_once_the_work_is_over(
@@ -184,11 +191,11 @@ def test_an_outage_at_the_completion_is_signalled_once_the_work_is_over(
     def receiver(**kwargs: Any) -> None:
         seen.append(connection.in_atomic_block)
 
-    monkeypatch.setattr(store, "complete", lost)
+    monkeypatch.setattr(store.backend("default"), "complete", lost)
     signals.store_unavailable.connect(receiver, dispatch_uid="test-outage")
     try:
-        with pytest.raises(core.StoreUnavailable):
-            core.run(IDENTITY, lambda: "x", lambda value: StoredResponse(200, (), b"x"), POLICY)
+        with pytest.raises(StoreUnavailable):
+            units.run(IDENTITY, lambda: "x", lambda value: StoredResponse(200, (), b"x"), POLICY)
     finally:
         signals.store_unavailable.disconnect(dispatch_uid="test-outage")
     assert seen == [False], "sent once, outside the work's transaction"

@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 from rest_framework.test import APIClient
 
 from idempotency_app.conf import conf
-from idempotency_app.keys import CANONICAL_JSON_MAX_BYTES
+from idempotency_app.http.keys import CANONICAL_JSON_MAX_BYTES
 from idempotency_app.models import IdempotencyRecord
 from tests.testapp.models import Charge
 

@@ -26,8 +26,8 @@ from rest_framework.test import APIClient
 
 from idempotency_app import clock, service
 from idempotency_app.decorators import idempotent
+from idempotency_app.exceptions import CannotBeAtomic
 from idempotency_app.models import IdempotencyRecord
-from idempotency_app.work import CannotBeAtomic
 from tests.conftest import needs_server_db, post
 from tests.testapp.models import AuditEntry, Charge, Tag
 

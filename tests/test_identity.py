@@ -26,8 +26,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.test import APIClient
 
-from idempotency_app import keys, service
+from idempotency_app import service
 from idempotency_app.decorators import idempotent
+from idempotency_app.http import keys
 from idempotency_app.models import IdempotencyRecord
 from tests.conftest import post
 from tests.testapp.models import Charge

@@ -312,7 +312,7 @@ def test_the_empty_route_is_the_operation(api: APIClient, key: str) -> None:
 def test_operations_too_long_for_the_column_are_hashed_not_cut() -> None:
     from django.test import RequestFactory
 
-    from idempotency_app import keys
+    from idempotency_app.http import keys
 
     factory = RequestFactory()
     long_a = factory.post("/" + "a" * 300 + "/one")
@@ -395,7 +395,7 @@ def test_a_narrow_mysql_connection_never_claims_a_mangled_key(
     from idempotency_app import service, store
 
     connections["default"].close()
-    store._statements.cache_clear()
+    store.backend.cache_clear()
     monkeypatch.setitem(connection.settings_dict["OPTIONS"], "charset", "utf8")
     try:
         with pytest.raises(ValueError, match="utf8mb4"):
@@ -406,7 +406,7 @@ def test_a_narrow_mysql_connection_never_claims_a_mangled_key(
         service.complete(held, {"ok": 1})
     finally:
         connections["default"].close()
-        store._statements.cache_clear()
+        store.backend.cache_clear()
         monkeypatch.undo()
 
 
@@ -414,11 +414,13 @@ def test_a_narrow_mysql_connection_never_claims_a_mangled_key(
 def test_a_mysql_data_error_on_claim_is_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """INSERT IGNORE would turn a value the column cannot hold into a
     warning and report the mangled key as claimed."""
-    from idempotency_app import core, store
+    from idempotency_app import store
+    from idempotency_app.exceptions import StoreUnavailable
+    from idempotency_app.lifecycle.claims import Policy, claim
 
     identity = store.Identity("s", "k", "op", "f" * 65)  # one character over the column
-    with pytest.raises(core.StoreUnavailable):
-        core.claim(identity, core.Policy.from_settings())
+    with pytest.raises(StoreUnavailable):
+        claim(identity, Policy.from_settings())
     assert record_count() == 0
 
 

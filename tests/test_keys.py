@@ -14,7 +14,7 @@ from django.urls import resolve
 from hypothesis import given, settings, strategies as st
 from rest_framework.exceptions import ParseError
 
-from idempotency_app import keys
+from idempotency_app.http import keys
 
 
 @pytest.mark.parametrize(

@@ -97,7 +97,7 @@ def broken_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise DatabaseError("the database refused the claim")
 
-    monkeypatch.setattr(store, "insert_or_fetch", refuse)
+    monkeypatch.setattr(store.backend("default"), "claim", refuse)
     yield
 
 
@@ -135,9 +135,12 @@ def test_timed_measures_only_while_someone_listens() -> None:
 
     signal.connect(receiver)
     assert decide("b") == "decided b"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as raised:
         decide("c", fail=True)
-    assert [(c["identity"], c["decision"]) for c in calls] == [("b", "decided b"), ("c", None)]
+    assert [(c["identity"], c["decision"]) for c in calls] == [
+        ("b", "decided b"),
+        ("c", raised.value),
+    ], "a claim that raised sends what it raised"
     assert all(0 <= c["seconds"] < 1 for c in calls)
 
 

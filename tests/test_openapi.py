@@ -20,10 +20,10 @@ from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 from rest_framework.views import APIView
 
-from idempotency_app import keys
 from idempotency_app.decorators import idempotent
+from idempotency_app.http import keys
+from idempotency_app.integrations.openapi import KEY_PATTERN, covering_options
 from idempotency_app.mixins import IdempotentMixin
-from idempotency_app.openapi import KEY_PATTERN, covering_options
 
 
 class ItemSerializer(serializers.Serializer[Any]):

@@ -11,8 +11,10 @@ import pytest
 from django.test.utils import override_settings
 from rest_framework.test import APIClient
 
-from idempotency_app import checks, core, problems
-from idempotency_app.exceptions import RequestInProgress
+from idempotency_app import checks
+from idempotency_app.exceptions import KeyInProgress, RequestInProgress
+from idempotency_app.http import problems
+from idempotency_app.lifecycle import units
 from tests.conftest import post
 
 pytestmark = pytest.mark.django_db
@@ -32,7 +34,11 @@ def reused(api: APIClient, key: str, url: str = "/charges/") -> Any:
 @pytest.fixture
 def in_progress(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every claim finds the key held by a request still running."""
-    monkeypatch.setattr(core, "claim", lambda identity, policy: core.InProgress())
+
+    def held_elsewhere(identity: Any, policy: Any) -> Any:
+        raise KeyInProgress(identity.key)
+
+    monkeypatch.setattr(units, "claim", held_elsewhere)
     yield
 
 

@@ -23,8 +23,8 @@ from rest_framework.response import Response
 from rest_framework.test import APIClient
 
 from idempotency_app import signals
-from idempotency_app.cache import guard
 from idempotency_app.decorators import idempotent
+from idempotency_app.guard import guard
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import Identity, StoredResponse
 from tests.conftest import claims, post

@@ -28,8 +28,8 @@ from rest_framework.test import APIClient
 
 import idempotency_app
 from idempotency_app import signals
-from idempotency_app.cache import guard
 from idempotency_app.decorators import idempotent
+from idempotency_app.guard import guard
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import Identity
 from tests.conftest import claims, needs_redis, post

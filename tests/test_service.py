@@ -66,9 +66,21 @@ def test_once_runs_the_block_once_and_every_copy_gets_the_result() -> None:
     assert all(r.result == runs[0].result for r in runs)
     assert Charge.objects.count() == 1 and LedgerEntry.objects.count() == 1
     stored = record()
-    assert (stored.status, stored.response_status) == ("completed", 200)
-    assert json.loads(stored.response_headers) == [["Content-Type", "application/json"]]
+    assert (stored.status, stored.response_status) == ("completed", None), "a result, no status"
+    assert json.loads(stored.response_headers) == []
     assert json.loads(bytes(stored.response_body or b"")) == runs[0].result
+
+
+def test_a_result_stored_as_a_json_response_still_reads_back() -> None:
+    """Before 0.2 a result was stored as a 200 with Content-Type JSON; rows
+    stored so, within their TTL, replay their result after the upgrade."""
+    deliver("evt_1")
+    IdempotencyRecord.objects.update(
+        response_status=200, response_headers='[["Content-Type","application/json"]]'
+    )
+    again = deliver("evt_1")
+    assert again.replayed and again.result == json.loads(bytes(record().response_body or b""))
+    assert service.lookup(SCOPE, "evt_1").result == again.result
 
 
 def test_keys_and_scopes_are_separate() -> None:

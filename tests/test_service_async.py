@@ -15,8 +15,8 @@ from django.db import connection
 from django.test.utils import override_settings
 
 from idempotency_app import service
+from idempotency_app.exceptions import CannotBeAtomic
 from idempotency_app.models import IdempotencyRecord
-from idempotency_app.work import CannotBeAtomic
 from tests.testapp.models import AuditEntry, Charge, LedgerEntry
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from idempotency_app.statements import ends_transaction, is_read
+from idempotency_app.lifecycle.statements import ends_transaction, is_read
 
 # (vendor, SQL, what ends the transaction or None)
 ENDS = [

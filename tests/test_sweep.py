@@ -175,18 +175,18 @@ def test_a_batch_shortened_by_a_takeover_still_reports_the_backlog(
 ) -> None:
     """A retry takes over a stale claim between the batch's SELECT and its
     DELETE: the batch deletes fewer rows than it selected, yet more remain."""
-    from idempotency_app import sweep as sweep_module
+    from idempotency_app import store
 
     for i in range(10):
         make(f"stale-{i}", IN_PROGRESS, lease_left=-1000)
-    real = sweep_module.delete_where
+    records = store.backend("default")
+    real = records.sweep_delete
 
-    def after_a_takeover(records: Any, using: str) -> int:
-        taken = records.order_by("pk").first()
-        IdempotencyRecord.objects.filter(pk=taken.pk).update(status="completed")
-        return real(records, using)
+    def after_a_takeover(kind: str, first: int, last: int, grace: float = 0) -> int:
+        IdempotencyRecord.objects.filter(pk=first).update(status="completed")
+        return real(kind, first, last, grace)
 
-    monkeypatch.setattr(sweep_module, "delete_where", after_a_takeover)
+    monkeypatch.setattr(records, "sweep_delete", after_a_takeover)
     with pytest.raises(CommandError, match="More stale claims remain"):
         sweep("--batch-size", "3", "--max-batches", "1", verbosity=0)
     assert len(keys()) == 8, "2 of the 3 selected deleted, the taken-over one kept"

@@ -21,8 +21,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.test import APIClient
 
-from idempotency_app import drivers, service
+from idempotency_app import service
 from idempotency_app.decorators import idempotent
+from idempotency_app.lifecycle import drivers
 from idempotency_app.models import IdempotencyRecord
 from tests.conftest import post
 from tests.testapp.models import AuditEntry, Charge

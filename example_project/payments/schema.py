@@ -16,7 +16,7 @@ from typing import Any
 
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
 
-from idempotency_app.openapi import IdempotencySchemaMixin
+from idempotency_app.integrations.openapi import IdempotencySchemaMixin
 
 DETAIL = {
     "type": "object",

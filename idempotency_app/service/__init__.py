@@ -11,13 +11,13 @@ lease, fencing and replay as the DRF integration make each delivery of one
   completes a batch in one transaction.
 - ``derive_key`` makes a stable key for a downstream API from ours.
 
-A result is stored as JSON in ``response_body`` with ``response_status``
-200 and a ``Content-Type: application/json`` header. Only what survives a
-JSON round trip unchanged is accepted (tuples come back as lists); anything
-else raises ``TypeError`` and the work is rolled back and its claim released.
+A result is stored as JSON in ``response_body``, with no response status.
+Only what survives a JSON round trip unchanged is accepted (tuples come back
+as lists); anything else raises ``TypeError`` and the work is rolled back and
+its claim released.
 
-One module per surface: ``errors``, ``results`` (identities, JSON, derived
-keys), ``manual`` (claim by hand), ``lookups``, ``blocks`` (``once``),
+One module per surface: ``results`` (identities, JSON, derived keys),
+``manual`` (claim by hand), ``lookups``, ``blocks`` (``once``),
 ``tasks`` (``@idempotent_task``, sync or async), ``aio`` (``aonce`` and the
 async by-hand calls). Every public name is importable from here, except
 ``enqueue`` (``enqueue_once`` for django.tasks), which imports its task
@@ -26,6 +26,10 @@ framework and so is imported only where one is installed.
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
+from idempotency_app._moved import deprecated
 from idempotency_app.exceptions import (
     ClaimLost,
     KeyInProgress,
@@ -45,7 +49,7 @@ from idempotency_app.service.aio import (
     arenew,
 )
 from idempotency_app.service.blocks import Run, once
-from idempotency_app.service.lookups import LOOKUP_BATCH, Entry, lookup, lookup_many
+from idempotency_app.service.lookups import Entry, lookup, lookup_many
 from idempotency_app.service.manual import (
     Done,
     Held,
@@ -55,20 +59,10 @@ from idempotency_app.service.manual import (
     release,
     renew,
 )
-from idempotency_app.service.results import (
-    RESULT_HEADERS,
-    RESULT_STATUS,
-    decode,
-    derive_key,
-    encode,
-    make_identity,
-)
+from idempotency_app.service.results import derive_key
 from idempotency_app.service.tasks import idempotent_task
 
 __all__ = [
-    "LOOKUP_BATCH",
-    "RESULT_HEADERS",
-    "RESULT_STATUS",
     "ClaimLost",
     "Done",
     "Entry",
@@ -90,14 +84,34 @@ __all__ = [
     "claim",
     "complete",
     "complete_many",
-    "decode",
     "derive_key",
-    "encode",
     "idempotent_task",
     "lookup",
     "lookup_many",
-    "make_identity",
     "once",
     "release",
     "renew",
 ]
+
+
+# Names that were public here before 0.2, and the modules that hold them now.
+_MOVED = {
+    "LOOKUP_BATCH": "idempotency_app.service.lookups",
+    "RESULT_HEADERS": "idempotency_app.service.results",
+    "RESULT_STATUS": "idempotency_app.service.results",
+    "decode": "idempotency_app.service.results",
+    "encode": "idempotency_app.service.results",
+    "make_identity": "idempotency_app.service.results",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module 'idempotency_app.service' has no attribute {name!r}")
+    deprecated(f"idempotency_app.service.{name}", f"{module}.{name} (internal)")
+    if name in ("RESULT_STATUS", "RESULT_HEADERS"):
+        from idempotency_app.service.results import LEGACY_RESULT
+
+        return LEGACY_RESULT[0] if name == "RESULT_STATUS" else LEGACY_RESULT[1]
+    return getattr(importlib.import_module(module), name)

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from idempotency_app import aio
+from idempotency_app.lifecycle import aio
 from idempotency_app.service.blocks import Run, once
 from idempotency_app.service.lookups import Entry, lookup, lookup_many
 from idempotency_app.service.manual import (

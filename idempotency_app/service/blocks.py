@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from idempotency_app import aio, core, signals
+from idempotency_app import signals
 from idempotency_app.conf import conf
-from idempotency_app.exceptions import ClaimLost, WorkRolledBack
-from idempotency_app.service.manual import Done, Held, decide, held_from, renew
+from idempotency_app.lifecycle import aio, units
+from idempotency_app.lifecycle.claims import AtomicClaim, Claim, Policy
+from idempotency_app.service.manual import Done, Held, decide, renew
 from idempotency_app.service.results import (
-    RESULT_STATUS,
+    TASK_STATUS,
     decode,
     derive_key,
     encode,
@@ -90,33 +92,26 @@ def once(
     result; of a key in progress, raises ``KeyInProgress`` before the block.
     """
     identity = make_identity(scope, key, operation, fingerprint)
-    policy = core.Policy.from_settings(ttl, lease, wait)
-    running = core.running(identity, policy.using)
+    policy = Policy.from_settings(ttl, lease, wait)
+    running = units.running(identity, policy.using)
     if running is not None:
         # Inside work already running for this key: part of that run, which
         # stores the result. Its claim is handed over, so renew() renews it.
-        yield Run(identity, held_from(running, policy))
+        yield Run(identity, dataclasses.replace(running, policy=policy))
         return
     if not conf.ENABLED:
-        yield Run(identity, Held(identity, "", policy))
+        yield Run(identity, AtomicClaim(identity, "", policy))
         return
-    with core.claimed(identity, policy) as decision:
-        held = decide(decision, identity, policy)
+    with units.claimed(identity, policy) as decision:
+        held = decide(decision)
         if isinstance(held, Done):
             yield Run(identity, None, held.result)
             return
         run = Run(identity, held)
-        with core.unit_of_work(held.core_claim(), policy) as unit:
+        with units.unit_of_work(held) as unit:
             yield run
             stored = stored_result(encode(run.result))
             unit.finish(run.result, stored)
-    raise_unless_stored(unit.outcome(), identity)
+    unit.outcome()  # raises WorkRolledBack or ClaimLost when nothing was stored
+    signals.executed.send(Claim, identity=identity, status=TASK_STATUS)
     run._result = decode(stored)
-
-
-def raise_unless_stored(outcome: Any, identity: Identity) -> None:
-    if isinstance(outcome, core.RolledBack):
-        raise WorkRolledBack(identity.key)
-    if isinstance(outcome, core.InProgress):
-        raise ClaimLost(identity.key)
-    signals.executed.send(core.Claim, identity=identity, status=RESULT_STATUS)

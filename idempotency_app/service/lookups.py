@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from idempotency_app import clock, keys, store
+from idempotency_app import clock, store
 from idempotency_app.conf import conf
+from idempotency_app.http import keys
 from idempotency_app.models import IdempotencyRecord
-from idempotency_app.service.results import RESULT_STATUS, decode
+from idempotency_app.service.results import decode
 from idempotency_app.store import StoredResponse
 
 # One IN (...) list per this many keys: well under every backend's limit
@@ -28,6 +29,7 @@ class Entry:
     status: str
     expires_at: datetime
     locked_until: datetime | None
+    response_status: int | None = field(repr=False)
     body: bytes | None = field(repr=False)
     headers: str = field(repr=False)
 
@@ -46,7 +48,8 @@ class Entry:
         """The stored result; None while the work is in progress."""
         if not self.completed:
             return None
-        return decode(StoredResponse(RESULT_STATUS, store.parse_headers(self.headers), self.body))
+        headers = store.parse_headers(self.headers)
+        return decode(StoredResponse(self.response_status, headers, self.body))
 
 
 def lookup(scope: str, key: str | int) -> Entry | None:
@@ -77,10 +80,11 @@ def lookup_many(scope: str, keys_: Iterable[str | int]) -> dict[str, Entry]:
             "status",
             "expires_at",
             "locked_until",
+            "response_status",
             "response_body",
             "response_headers",
         )
-        for key, operation, status, expires_at, locked_until, body, headers in rows:
+        for key, operation, status, expires_at, locked_until, code, body, headers in rows:
             raw = None if body is None else bytes(body)
-            found[key] = Entry(key, operation, status, expires_at, locked_until, raw, headers)
+            found[key] = Entry(key, operation, status, expires_at, locked_until, code, raw, headers)
     return found

@@ -3,50 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 
-from idempotency_app import core, signals, store
-from idempotency_app.exceptions import (
-    ClaimLost,
-    KeyInProgress,
-    KeyReused,
-    StoreUnavailable,
-    WorkRolledBack,
+from idempotency_app import signals, store
+from idempotency_app.exceptions import ClaimLost, StoreUnavailable, WorkRolledBack
+from idempotency_app.lifecycle import claims
+from idempotency_app.lifecycle.claims import (
+    Claim,
+    Policy,
+    Replay,
+    in_transaction,
+    is_lock_conflict,
 )
 from idempotency_app.service.results import (
-    RESULT_STATUS,
+    TASK_STATUS,
     decode,
-    derive_key,
     encode,
     make_identity,
     stored_result,
 )
-from idempotency_app.store import Identity
 
-
-@dataclass(frozen=True)
-class Held:
-    """A claim this worker owns: ``complete`` it or ``release`` it."""
-
-    identity: Identity
-    token: str
-    policy: core.Policy
-    # Claimed inside the caller's transaction: it commits or rolls back with it.
-    nested: bool = False
-    origin: Any = field(default=None, compare=False, repr=False)
-
-    @property
-    def key(self) -> str:
-        return self.identity.key
-
-    def derive_key(self, label: str) -> str:
-        return derive_key(self.identity.scope, self.identity.key, label)
-
-    def core_claim(self) -> core.Claim:
-        return core.Claim(self.identity, self.token, self.policy.using, self.nested, self.origin)
+# The claim the service API hands out: complete it or release it.
+Held = Claim
 
 
 @dataclass(frozen=True)
@@ -70,28 +51,17 @@ def claim(
 
     Raises ``KeyInProgress`` while another worker holds it (after waiting up
     to ``wait`` seconds for it to finish), ``KeyReused`` when it was used
-    for another operation or fingerprint, ``StoreUnavailable`` when the
-    database cannot answer. The claim commits at once unless the caller is
-    inside a transaction.
+    for another operation or fingerprint, ``OutcomeUnknown`` when its work
+    was interrupted, ``StoreUnavailable`` when the database cannot answer.
+    The claim commits at once unless the caller is inside a transaction.
     """
     identity = make_identity(scope, key, operation, fingerprint)
-    policy = core.Policy.from_settings(ttl, lease, wait)
-    return decide(core.claim(identity, policy), identity, policy)
+    return decide(claims.claim(identity, Policy.from_settings(ttl, lease, wait)))
 
 
-def held_from(claim: core.Claim, policy: core.Policy) -> Held:
-    return Held(claim.identity, claim.token, policy, claim.nested, claim.origin)
-
-
-def decide(decision: core.Decision, identity: Identity, policy: core.Policy) -> Held | Done:
+def decide(decision: Held | Replay) -> Held | Done:
     """What the service API makes of a claim's decision."""
-    if isinstance(decision, core.Claim):
-        return held_from(decision, policy)
-    if isinstance(decision, core.Replay):
-        return Done(decode(decision.response))
-    if isinstance(decision, core.InProgress):
-        raise KeyInProgress(identity.key, decision.retry_after)
-    raise KeyReused(identity.key)
+    return Done(decode(decision.response)) if isinstance(decision, Replay) else decision
 
 
 def complete(held: Held, result: Any = None) -> Any:
@@ -125,15 +95,16 @@ def complete_many(items: Iterable[tuple[Held, Any]]) -> list[Any]:
         # a success that never commits.
         raise WorkRolledBack(pending[0][0].key)
     lost = None
+    records = store.backend(using)
     try:
         with transaction.atomic(using=using):
             for held, response in pending:
                 lost = held
-                if not store.complete(held.identity, held.token, response, held.policy.ttl, using):
+                if not records.complete(held.identity, held.token, response, held.policy.ttl):
                     raise ClaimLost(held.key)
             lost = None
     except (OperationalError, InterfaceError) as exc:
-        if not core.is_lock_conflict(exc):
+        if not is_lock_conflict(exc):
             raise StoreUnavailable(str(exc)) from exc
         # The record changed under the caller's snapshot (a takeover at
         # REPEATABLE READ) or a deadlock, at an UPDATE or at the commit: the
@@ -146,7 +117,7 @@ def complete_many(items: Iterable[tuple[Held, Any]]) -> list[Any]:
         _lose(lost, using)
         raise
     for held, _ in pending:
-        signals.executed.send(core.Claim, identity=held.identity, status=RESULT_STATUS)
+        signals.executed.send(Claim, identity=held.identity, status=TASK_STATUS)
     return [decode(response) for _, response in pending]
 
 
@@ -155,7 +126,7 @@ def _lose(lost: Held, using: str) -> None:
         # The work in the caller's transaction must not commit either, even
         # if the caller catches ClaimLost and carries on.
         transaction.set_rollback(True, using=using)
-    signals.conflict.send(core.Claim, identity=lost.identity)
+    signals.conflict.send(Claim, identity=lost.identity)
 
 
 def release(held: Held) -> bool:
@@ -165,7 +136,7 @@ def release(held: Held) -> bool:
     also covers code after ``complete`` cannot cause a second run. False
     when the claim was completed, released or taken over.
     """
-    return store.release(held.identity, held.token, held.policy.using)
+    return store.backend(held.using).release(held.identity, held.token)
 
 
 def renew(held: Held, lease: float | None = None) -> bool:
@@ -174,44 +145,28 @@ def renew(held: Held, lease: float | None = None) -> bool:
     From inside the work's transaction (``once()``, ``@idempotent_task``)
     the new lease usually commits at once, through a connection of its own,
     so other workers see it and no row lock is held until the work commits;
-    ``_renews_in_place`` says when the work's own transaction carries it
-    instead. A claim still inside the transaction that made it is invisible
+    the store says when the work's own transaction must carry it instead
+    (``renews_in_place``). A claim still inside the transaction that made it is invisible
     to others until that commits, so its lease needs no renewing (True).
     """
     seconds = held.policy.lease if lease is None else lease
     using = held.policy.using
-    if held.core_claim().uncommitted():
+    if held.uncommitted():
         return True
-    if not core.in_transaction(using):
-        return store.renew(held.identity, held.token, seconds, using)
-    if _renews_in_place(using):
+    records = store.backend(using)
+    if not in_transaction(using):
+        return records.renew(held.identity, held.token, seconds)
+    if records.renews_in_place():
         try:
-            return store.renew(held.identity, held.token, seconds, using)
+            return records.renew(held.identity, held.token, seconds)
         except DatabaseError as exc:
-            if not core.is_lock_conflict(exc):
+            if not is_lock_conflict(exc):
                 raise
             # Taken over after the work's snapshot: the work must not commit.
             transaction.set_rollback(True, using=using)
             return False
     side = connections.create_connection(using)
     try:
-        return store.renew(held.identity, held.token, seconds, using, side)
+        return records.renew(held.identity, held.token, seconds, side)
     finally:
         side.close()
-
-
-def _renews_in_place(using: str) -> bool:
-    """Whether the work's own transaction must carry the new lease, which
-    then holds the row: duplicates and the sweep wait at it until the work
-    ends (a lock_timeout turns that wait into a 409), rather than see the
-    lease. SQLite has one writer, so a second connection would wait for the
-    work anyway. On PostgreSQL at REPEATABLE READ or SERIALIZABLE, the work
-    could not complete a row that another connection changed after its
-    snapshot. A transaction already marked for rollback takes no statement:
-    it commits nothing, so the side connection serves."""
-    vendor = store.vendor(using)
-    if vendor == "sqlite":
-        return True
-    if vendor != "postgresql" or connections[using].needs_rollback:
-        return False
-    return store.isolation_level(using) not in ("read committed", "read uncommitted")

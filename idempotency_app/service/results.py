@@ -8,12 +8,14 @@ import json
 import math
 from typing import Any
 
-from idempotency_app import keys
 from idempotency_app.conf import conf
+from idempotency_app.http import keys
 from idempotency_app.store import Identity, StoredResponse
 
-RESULT_STATUS = 200
-RESULT_HEADERS = (("Content-Type", "application/json"),)
+# What a task's result was stored as before 0.2, which still reads back.
+LEGACY_RESULT = (200, (("Content-Type", "application/json"),))
+# The status the ``executed`` signal reports for a task, as for a view's 200.
+TASK_STATUS = 200
 
 
 def make_identity(scope: str, key: str | int, operation: str, fingerprint: Any = None) -> Identity:
@@ -85,7 +87,9 @@ def _check_json(value: Any, path: str) -> None:
 
 
 def decode(response: StoredResponse) -> Any:
-    if response.body is None or dict(response.headers).get("Content-Type") != "application/json":
+    """The result a record holds: JSON, with no response status."""
+    result = response.status is None or (response.status, response.headers) == LEGACY_RESULT
+    if response.body is None or not result:
         raise ValueError("This record was not stored by the service API: it holds no JSON result.")
     return json.loads(response.body)
 
@@ -96,7 +100,7 @@ def stored_result(body: bytes) -> StoredResponse:
             f"The result is {len(body)} bytes of JSON, above MAX_BODY_BYTES "
             f"({conf.MAX_BODY_BYTES}); return a reference such as an id instead."
         )
-    return StoredResponse(RESULT_STATUS, RESULT_HEADERS, body)
+    return StoredResponse(None, (), body)
 
 
 def derive_key(scope: str, key: str, label: str) -> str:

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 from collections.abc import Callable
 from typing import Any, ParamSpec, cast
 
 from asgiref.sync import iscoroutinefunction
 
-from idempotency_app import aio, core
+from idempotency_app import signals
 from idempotency_app.conf import conf
-from idempotency_app.exceptions import KeyInProgress, KeyReused
-from idempotency_app.service.blocks import raise_unless_stored
-from idempotency_app.service.results import decode, encode, make_identity, stored_result
+from idempotency_app.lifecycle import aio, units
+from idempotency_app.lifecycle.claims import Claim, Policy, Replay
+from idempotency_app.lifecycle.units import refuse_generator
+from idempotency_app.service.results import (
+    TASK_STATUS,
+    decode,
+    encode,
+    make_identity,
+    stored_result,
+)
 from idempotency_app.store import Identity
 
 P = ParamSpec("P")
@@ -54,16 +60,12 @@ def idempotent_task(
             return make_identity(where, key(*args, **kwargs), name, facts)
 
         def settle(identity: Identity, call: Callable[[], Any]) -> Any:
-            policy = core.Policy.from_settings(ttl, lease, wait)
-            outcome = core.run(identity, lambda: encode(call()), stored_result, policy)
-            if isinstance(outcome, core.Executed | core.RolledBack):
-                raise_unless_stored(outcome, identity)
-                return json.loads(outcome.value)
-            if isinstance(outcome, core.Replay):
+            policy = Policy.from_settings(ttl, lease, wait)
+            outcome = units.run(identity, lambda: encode(call()), stored_result, policy)
+            if isinstance(outcome, Replay):
                 return decode(outcome.response)
-            if isinstance(outcome, core.InProgress):
-                raise KeyInProgress(identity.key, outcome.retry_after)
-            raise KeyReused(identity.key)
+            signals.executed.send(Claim, identity=identity, status=TASK_STATUS)
+            return json.loads(outcome.value)
 
         wrapper: Callable[P, Any]
         if iscoroutinefunction(func):
@@ -95,14 +97,3 @@ def idempotent_task(
         return wrapper
 
     return decorate
-
-
-def refuse_generator(func: Callable[..., Any], decorator: str) -> None:
-    """A generator's work runs while it is iterated, after the call has
-    returned and its claim has been settled: nothing could cover it."""
-    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
-        raise TypeError(
-            f"{decorator} cannot wrap the generator {func.__qualname__}: its work runs while "
-            "it is iterated, after the call has returned, so no claim could cover it. Return "
-            "a list (or, in a view, a response) instead of yielding."
-        )

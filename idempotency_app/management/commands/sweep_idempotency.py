@@ -11,11 +11,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
-from django.db.models import Q
 
 from idempotency_app.conf import conf
-from idempotency_app.models import IdempotencyRecord
-from idempotency_app.sweep import DEFAULT_BATCH, batches, expired, stale
+from idempotency_app.sweep import DEFAULT_BATCH, batches, remains
 
 MIN_BATCH = 1
 MAX_BATCH = 100_000
@@ -76,10 +74,10 @@ class Command(BaseCommand):
         self.dry_run = dry_run
         started = time.monotonic()
         n_expired, more_expired = self._sweep(
-            "expired records", expired(), batch_size, using, max_batches
+            "expired records", "expired", batch_size, using, max_batches
         )
         n_stale, more_stale = self._sweep(
-            "stale claims", stale(grace), batch_size, using, max_batches
+            "stale claims", "stale", batch_size, using, max_batches, grace
         )
         if verbosity >= 1:
             verb = "Would delete" if dry_run else "Deleted"
@@ -122,7 +120,13 @@ class Command(BaseCommand):
         return stale_after
 
     def _sweep(
-        self, what: str, condition: Q, batch_size: int, using: str, max_batches: int | None
+        self,
+        what: str,
+        kind: str,
+        batch_size: int,
+        using: str,
+        max_batches: int | None,
+        grace: float = 0,
     ) -> tuple[int, bool]:
         """One pass; how many rows it deleted, and whether it stopped at
         ``max_batches`` with rows left. A run looks once, by the condition's
@@ -130,7 +134,7 @@ class Command(BaseCommand):
         ran is a backlog too); a dry run, which deleted nothing, reads one
         batch further."""
         total = 0
-        pending = batches(condition, batch_size, using, self.dry_run)
+        pending = batches(kind, batch_size, using, self.dry_run, grace)
         for batch, count in enumerate(pending, 1):
             total += count
             if self.verbosity >= 2:
@@ -139,5 +143,5 @@ class Command(BaseCommand):
             if batch == max_batches:
                 if self.dry_run:
                     return total, next(pending, 0) > 0
-                return total, IdempotencyRecord.objects.using(using).filter(condition).exists()
+                return total, remains(kind, using, grace)
         return total, False

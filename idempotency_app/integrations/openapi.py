@@ -36,18 +36,13 @@ from drf_spectacular.utils import OpenApiExample, OpenApiParameter
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.viewsets import ViewSetMixin
 
-from idempotency_app import problems
 from idempotency_app.conf import SAFE_METHODS, conf
 from idempotency_app.decorators import DECORATOR_METHODS
-from idempotency_app.drf import (
-    BODY_OMITTED_HEADER,
-    EXPIRES_HEADER,
-    REPLAYED_HEADER,
-    RETRYABLE_STATUSES,
-    TRANSIENT_CLIENT_ERRORS,
-    Options,
-)
-from idempotency_app.keys import MAX_KEY_LENGTH
+from idempotency_app.http import problems
+from idempotency_app.http.handling import RETRYABLE_STATUSES, TRANSIENT_CLIENT_ERRORS
+from idempotency_app.http.keys import MAX_KEY_LENGTH
+from idempotency_app.http.options import Options, options_of_function_view
+from idempotency_app.http.replay import BODY_OMITTED_HEADER, EXPIRES_HEADER, REPLAYED_HEADER
 
 # 1 to 255 printable ASCII characters, neither starting nor ending with a
 # space or a double quote: every value matching it is accepted as it is.
@@ -139,7 +134,7 @@ def covering_options(view: Any, method: str) -> Options | None:
         handler = getattr(view, action, None)
     else:
         handler = getattr(view, method.lower(), None)
-    declared = declared_options(handler)
+    declared = declared_options(view, handler)
     if declared is not None:
         return declared if declared.covers(method, DECORATOR_METHODS) else None
     get_options = getattr(view, "get_idempotency_options", None)
@@ -150,30 +145,18 @@ def covering_options(view: Any, method: str) -> Options | None:
     return None
 
 
-def declared_options(handler: Any, depth: int = 3) -> Options | None:
-    """``@idempotent``'s options on ``handler``, looked for through wrappers
-    that keep ``__wrapped__``, and through the closure of DRF's ``@api_view``
-    handler, the only place that holds the decorated function."""
-    if handler is None or depth == 0:
+def declared_options(view: Any, handler: Any) -> Options | None:
+    """``@idempotent``'s options on ``handler``: on the handler itself (or a
+    wrapper that keeps ``__wrapped__``), or, for a function view, declared
+    for the function that DRF's ``@api_view`` made the view's class of."""
+    if handler is None:
         return None
-    options = getattr(handler, "idempotency_options", None)
-    if isinstance(options, Options):
-        return options
     function = inspect.unwrap(getattr(handler, "__func__", handler))
-    if function is not handler:
-        options = getattr(function, "idempotency_options", None)
+    for candidate in (handler, function):
+        options = getattr(candidate, "idempotency_options", None)
         if isinstance(options, Options):
             return options
-    for cell in getattr(function, "__closure__", None) or ():
-        try:
-            content = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if inspect.isfunction(content):
-            found = declared_options(content, depth - 1)
-            if found is not None:
-                return found
-    return None
+    return options_of_function_view(type(view))
 
 
 class IdempotencySchemaMixin:

@@ -14,8 +14,8 @@ metrics gets these with no configuration. Imported by
   (``POST api/accounts/<int:account_id>/charges/``), so the label's values
   are as few as the routes; keys and scopes are never labels.
 - ``idempotency_claim_seconds{decision}``: how long a claim took to decide
-  ``claimed``, ``replayed``, ``conflict`` or ``mismatch`` (``error`` when
-  the database failed). A claim that waited for an in-flight duplicate
+  ``claimed``, ``replayed``, ``conflict``, ``mismatch`` or ``interrupted``
+  (``error`` when the database failed). A claim that waited for an in-flight duplicate
   (``WAIT_FOR_IN_FLIGHT``) includes the wait.
 
 The receivers only touch in-process counters: no I/O, no database.
@@ -29,7 +29,9 @@ from typing import Any
 from django.dispatch import Signal
 from prometheus_client import Counter, Histogram
 
-from idempotency_app import core, signals
+from idempotency_app import signals
+from idempotency_app.exceptions import KeyInProgress, KeyReused, OutcomeUnknown
+from idempotency_app.lifecycle.claims import Claim, Replay
 
 OUTCOMES = Counter(
     "idempotency_outcomes",
@@ -52,12 +54,14 @@ COUNTED: dict[str, Signal] = {
     "guard_hit": signals.guard_hit,
     "store_unavailable": signals.store_unavailable,
 }
-DECISIONS: dict[type, str] = {
-    core.Claim: "claimed",
-    core.Replay: "replayed",
-    core.InProgress: "conflict",
-    core.Mismatch: "mismatch",
-}
+# What a claim decided, as the histogram's label; anything else is "error".
+DECISIONS: tuple[tuple[type, str], ...] = (
+    (Claim, "claimed"),
+    (Replay, "replayed"),
+    (KeyInProgress, "conflict"),
+    (KeyReused, "mismatch"),
+    (OutcomeUnknown, "interrupted"),
+)
 
 
 def _counter(outcome: str) -> Callable[..., None]:
@@ -68,7 +72,8 @@ def _counter(outcome: str) -> Callable[..., None]:
 
 
 def observe_claim(sender: Any, seconds: float, decision: Any = None, **kwargs: Any) -> None:
-    CLAIM_SECONDS.labels(DECISIONS.get(type(decision), "error")).observe(seconds)
+    label = next((name for kind, name in DECISIONS if isinstance(decision, kind)), "error")
+    CLAIM_SECONDS.labels(label).observe(seconds)
 
 
 # Kept referenced here: signals hold their receivers weakly.

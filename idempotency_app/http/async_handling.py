@@ -3,7 +3,7 @@ the idempotency lifecycle.
 
 adrf runs ``initial()`` (authentication, permissions, throttling) first and
 then awaits the handler. Covered, the handler runs inside the same unit of
-work as a sync view's, ``drf.handle``: identification, the claim, the
+work as a sync view's, ``handling.handle``: identification, the claim, the
 transaction, the completion and the replay are the sync code, run as one
 call on the thread Django's async ORM uses for the request, with the
 handler's coroutine driven inside it (``idempotency_app.aio``). So the
@@ -22,8 +22,10 @@ from django.http import HttpResponseBase
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from idempotency_app import aio, drf
 from idempotency_app.conf import conf
+from idempotency_app.http import handling
+from idempotency_app.http.options import Options
+from idempotency_app.lifecycle import aio
 
 Handler = Callable[..., Coroutine[Any, Any, Any]]
 
@@ -32,18 +34,18 @@ async def handle(
     view: APIView,
     request: Request,
     call: Callable[[], Coroutine[Any, Any, Any]],
-    options: drf.Options,
+    options: Options,
 ) -> HttpResponseBase:
-    """``drf.handle`` for a coroutine handler."""
+    """``handling.handle`` for a coroutine handler."""
     if not conf.ENABLED or (request.headers.get(conf.HEADER) is None and not options.required):
         response: HttpResponseBase = await call()  # nothing to claim: no thread hop
         return response
-    return await aio.in_unit_thread(drf.handle, view, request, aio.blocking(call), options)
+    return await aio.in_unit_thread(handling.handle, view, request, aio.blocking(call), options)
 
 
 def decorated(
     handler: Handler,
-    options: drf.Options,
+    options: Options,
     locate: Callable[[tuple[Any, ...]], tuple[APIView, Request]],
     methods: Iterable[str],
 ) -> Handler:
@@ -61,7 +63,7 @@ def decorated(
     return wrapper
 
 
-def covered(view: APIView, handler: Handler, options: drf.Options) -> Handler:
+def covered(view: APIView, handler: Handler, options: Options) -> Handler:
     """``IdempotentMixin``'s stand-in for one request's async handler."""
 
     @functools.wraps(handler)

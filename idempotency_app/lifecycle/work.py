@@ -44,8 +44,8 @@ from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 from django.db.transaction import Atomic
 
-from idempotency_app import drivers, statements
 from idempotency_app.exceptions import CannotBeAtomic, TransactionEnded
+from idempotency_app.lifecycle import drivers, statements
 from idempotency_app.store import Identity
 
 

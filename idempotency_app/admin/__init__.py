@@ -14,6 +14,7 @@ confirmation, for a key that must run again.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 from datetime import timedelta
@@ -34,12 +35,11 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import smart_split, unescape_string_literal
 
-from idempotency_app import clock
-from idempotency_app.admin_actions import expire_records
+from idempotency_app import clock, store
+from idempotency_app.admin.actions import expire_records
 from idempotency_app.conf import conf
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import parse_headers
-from idempotency_app.sweep import delete_where
 
 # Below this many rows an exact COUNT is cheap, and an estimate from table
 # statistics (stale or missing on a young table) would only mislead.
@@ -49,6 +49,8 @@ OPERATION_SAMPLE = 10_000
 # Longest body text shown on the detail page.
 MAX_SHOWN_CHARS = 100_000
 IN_PROGRESS = IdempotencyRecord.Status.IN_PROGRESS
+# Records released per DELETE: well under every backend's limit on parameters.
+RELEASE_BATCH = 1000
 INTERRUPTED = IdempotencyRecord.Status.INTERRUPTED
 DATE_FIELD = "created_at"
 
@@ -254,12 +256,16 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         description="Release selected stuck claims and interrupted keys", permissions=["release"]
     )
     def release_claims(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        """One conditional DELETE: a claim that completes meanwhile is kept.
+        """Conditional DELETEs of up to RELEASE_BATCH records each: a claim
+        that completes meanwhile is kept.
         An interrupted key is released once someone has checked what its
         work left behind: its next request runs the work again."""
-        selected = queryset.count()
-        releasable = queryset.filter(status__in=(IN_PROGRESS, INTERRUPTED))
-        released = delete_where(releasable, conf.DATABASE_ALIAS)
+        records = store.backend(conf.DATABASE_ALIAS)
+        selected = released = 0
+        pks = queryset.order_by().values_list("pk", flat=True).iterator(chunk_size=RELEASE_BATCH)
+        while chunk := list(itertools.islice(pks, RELEASE_BATCH)):
+            selected += len(chunk)
+            released += records.release_selected(chunk)
         self.message_user(
             request, f"Released {released} stuck claims or interrupted keys.", messages.SUCCESS
         )
@@ -341,6 +347,8 @@ def describe_body(record: IdempotencyRecord) -> SafeString | str:
     content_type = next((v for n, v in _headers(record) if n.lower() == "content-type"), "")
     media_type, _, params = content_type.partition(";")
     media_type = media_type.strip().lower()
+    if record.response_status is None:
+        media_type = "application/json"  # a task's result
     charset = "utf-8"
     for param in params.split(";"):
         name, _, value = param.partition("=")

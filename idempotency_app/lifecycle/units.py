@@ -1,0 +1,321 @@
+"""The unit of work: run the work under a claim, then complete or let go.
+No HTTP here.
+
+The work and its completion commit together, in the claim's transaction
+(``Claim.transaction()``), or not at all: an outcome is stored, and
+reported as such, only if that transaction commits. While the work runs,
+``work.confined`` refuses what could not commit with it.
+
+``run`` answers with ``Executed`` (the work ran; ``stored`` says what was
+stored, or None when the claim was let go) or ``Replay`` (the key was
+completed before), and raises for everything else: ``KeyInProgress``
+(another worker holds the key; ``ClaimLost`` when ours was taken over while
+the work ran), ``KeyReused``, ``WorkRolledBack`` (the work's transaction was
+marked for rollback or failed to commit: ``value`` is what the work
+returned), ``OutcomeUnknown``, ``StoreUnavailable`` and ``CannotBeAtomic``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
+
+from django.db import (
+    DatabaseError,
+    Error,
+    InterfaceError,
+    OperationalError,
+    connections,
+    transaction,
+)
+
+from idempotency_app import signals, store
+from idempotency_app.exceptions import (
+    ClaimLost,
+    OutcomeUnknown,
+    StoreUnavailable,
+    TransactionEnded,
+    WorkRolledBack,
+)
+from idempotency_app.lifecycle import work
+from idempotency_app.lifecycle.claims import (
+    AtomicClaim,
+    Claim,
+    Policy,
+    Replay,
+    claim,
+    in_transaction,
+    is_lock_conflict,
+)
+from idempotency_app.lifecycle.work import UnitAtomic
+from idempotency_app.store import Identity, StoredResponse
+
+logger = logging.getLogger("idempotency_app")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Executed(Generic[T]):
+    """The work ran. ``stored``: what was stored, or None when it was let go."""
+
+    value: T
+    stored: StoredResponse | None
+
+
+class Marked:
+    """What ``settle`` returns to let go of a claim leaving a marker: the
+    next claim of the key meets it for free and knows a validation error was
+    answered (cached by the caller) a moment ago."""
+
+
+MARKED = Marked()
+
+# What settle makes of the work's value: a response to store, None to let
+# the claim go (and roll the work back), or MARKED.
+Settle = Callable[[T], StoredResponse | Marked | None]
+
+# The (alias, scope, key) this context is running work for. A handler that
+# calls another handler covered for the same key (a viewset's partial_update
+# calling update) is part of the same execution, not a duplicate of it.
+_running: contextvars.ContextVar[Mapping[tuple[str, str, str], Claim]] = contextvars.ContextVar(
+    "idempotency_running", default=MappingProxyType({})
+)
+
+
+def running(identity: Identity, using: str) -> Claim | None:
+    """The claim this context is running work under for ``identity``'s key."""
+    return _running.get().get((using, identity.scope, identity.key))
+
+
+@contextlib.contextmanager
+def _mark_running(held: Claim) -> Iterator[None]:
+    key = (held.using, held.identity.scope, held.identity.key)
+    reset = _running.set({**_running.get(), key: held})
+    try:
+        yield
+    finally:
+        _running.reset(reset)
+
+
+def run(
+    identity: Identity, work: Callable[[], T], settle: Settle[T], policy: Policy
+) -> Executed[T] | Replay:
+    """Run ``work`` once for ``identity``. An exception from ``work`` lets
+    the claim go and propagates."""
+    if running(identity, policy.using) is not None:
+        return Executed(work(), None)  # the enclosing run settles it
+    with claimed(identity, policy) as decision:
+        if isinstance(decision, Replay):
+            return decision
+        return execute(decision, work, settle)
+
+
+@contextlib.contextmanager
+def claimed(identity: Identity, policy: Policy) -> Iterator[Claim | Replay]:
+    """The claim's decision, for the body to run the work under. Inside a
+    transaction the claim, the work and the completion share one savepoint,
+    so letting go is its rollback."""
+    nested = in_transaction(policy.using)
+    with UnitAtomic(policy.using) if nested else contextlib.nullcontext():
+        yield claim(identity, policy)
+
+
+def execute(held: Claim, work: Callable[[], T], settle: Settle[T]) -> Executed[T]:
+    """The work and the completion commit together or not at all."""
+    with unit_of_work(held) as unit:
+        value = work()
+        unit.finish(value, settle(value))
+    return unit.outcome()
+
+
+class Unit(Generic[T]):
+    """The work under one claim, between ``unit_of_work``'s start and end;
+    the work hands its value and what to store to ``finish``."""
+
+    def __init__(self, held: Claim) -> None:
+        self.held = held
+        self.result: Executed[T] | None = None
+        self.failure: WorkRolledBack | ClaimLost | None = None
+        self.marked = False
+
+    def finish(self, value: T, response: StoredResponse | Marked | None) -> None:
+        """Inside the work's transaction: complete the claim with
+        ``response``, or (None, MARKED) mark the transaction for rollback."""
+        held = self.held
+        if response is None or isinstance(response, Marked):
+            transaction.set_rollback(True, using=held.using)
+            self.result = Executed(value, None)
+            self.marked = isinstance(response, Marked)
+            return
+        if connections[held.using].needs_rollback:
+            self.failure = WorkRolledBack(held.key, value)
+            return
+        try:
+            records = store.backend(held.using)
+            completed = records.complete(held.identity, held.token, response, held.policy.ttl)
+        except DatabaseError as exc:
+            transaction.set_rollback(True, using=held.using)
+            if is_lock_conflict(exc):
+                # The record changed under the work's snapshot (a takeover at
+                # REPEATABLE READ) or a deadlock: lost like a takeover, a 409.
+                logger.warning(
+                    "Rolled back work on idempotency key %r: completing it met %s", held.key, exc
+                )
+                self.failure = ClaimLost(held.key)
+                return
+            if isinstance(exc, OperationalError | InterfaceError):
+                raise StoreUnavailable(str(exc)) from exc
+            # The work left the transaction unusable (PostgreSQL aborts it at
+            # the first failed statement, even one the work caught).
+            logger.error(
+                "Could not store the outcome of idempotency key %r (%s): the work's "
+                "transaction was unusable, so nothing it did was kept. Wrap a statement whose "
+                "database error you catch in its own transaction.atomic().",
+                held.key,
+                exc,
+            )
+            self.failure = WorkRolledBack(held.key, value)
+            return
+        if completed:
+            self.result = Executed(value, response)
+            return
+        transaction.set_rollback(True, using=held.using)
+        logger.warning("Rolled back work on idempotency key %r: its claim was taken over", held.key)
+        self.failure = ClaimLost(held.key)
+
+    def stored(self) -> bool:
+        return self.result is not None and self.result.stored is not None
+
+    def outcome(self) -> Executed[T]:
+        """What the work came to, once its transaction has ended; raises
+        ``WorkRolledBack`` or ``ClaimLost`` when it came to nothing."""
+        if self.failure is not None:
+            raise self.failure
+        assert self.result is not None  # unit_of_work saw to it
+        return self.result
+
+
+@contextlib.contextmanager
+def unit_of_work(held: Claim) -> Iterator[Unit[Any]]:
+    """The work and its completion, committed together in the claim's
+    transaction. While the work runs it may write only through the claim's
+    database, and a durable block is refused, both with ``CannotBeAtomic``.
+    A claim that ends without a stored outcome is let go; one whose work
+    ended its own transaction is kept, interrupted (``OutcomeUnknown``).
+    """
+    unit: Unit[Any] = Unit(held)
+    body_done = False
+    try:
+        with held.transaction(), _mark_running(held), work.confined(held.identity, held.using):
+            yield unit
+            if unit.result is None and unit.failure is None:
+                raise RuntimeError("The work ended without calling finish().")
+            body_done = True
+    except TransactionEnded as exc:
+        if _keep_interrupted(held):
+            raise OutcomeUnknown(held.key) from exc
+        raise  # the claim was not there to keep: its transaction rolled back, work and all
+    except BaseException as exc:
+        try:
+            if body_done and unit.stored() and isinstance(held, AtomicClaim):
+                unit.failure = _after_failed_commit(held, unit, exc)
+                if unit.failure is None:
+                    return  # the commit landed, only its answer was lost: the success stands
+                held.let_go()
+                return
+            held.let_go()
+            raise
+        except StoreUnavailable:
+            # At the completion or the commit; sent once the work is over.
+            signals.store_unavailable.send(Claim, identity=held.identity)
+            raise
+    if not unit.stored():
+        held.let_go(held.policy.marker if unit.marked else 0)
+    if isinstance(unit.failure, ClaimLost):
+        # Sent once the work is over, so that no receiver's writes are part of it.
+        signals.conflict.send(Claim, identity=held.identity)
+
+
+def _after_failed_commit(
+    held: AtomicClaim, unit: Unit[Any], exc: BaseException
+) -> WorkRolledBack | None:
+    """The transaction holding a stored outcome failed around its commit.
+    An ``on_commit`` hook that raised after the commit propagates as Django
+    reports it (the outcome is stored). Otherwise the record is read back: a
+    commit whose answer was lost is the success it was (None); one that did
+    not land is rolled back, or ``StoreUnavailable`` when the database could
+    not answer. A serialization failure is the work's, not the database's."""
+    if _hook_failed(held.using):
+        raise exc
+    if _completed(held):
+        return None
+    if isinstance(exc, OperationalError | InterfaceError) and not is_lock_conflict(exc):
+        held.let_go()
+        raise StoreUnavailable(str(exc)) from exc
+    if not isinstance(exc, DatabaseError):
+        held.let_go()
+        raise exc
+    logger.error(
+        "The work on idempotency key %r did not commit (%s); its outcome was not stored",
+        held.key,
+        exc,
+    )
+    assert unit.result is not None
+    return WorkRolledBack(held.key, unit.result.value)
+
+
+def _keep_interrupted(held: Claim) -> bool:
+    """The work ended its own transaction, so part of it may have committed:
+    its claim is kept as interrupted, never let go, so that no retry runs it
+    again. False when the claim rolled back with that transaction."""
+    try:
+        kept = store.backend(held.using).interrupt(held.identity, held.token, held.policy.ttl)
+    except Error:
+        logger.exception(
+            "Could not mark idempotency key %r interrupted: its claim frees when its lease "
+            "ends, and a retry may then run the work again",
+            held.key,
+        )
+        kept = True  # the claim may well be there: never answer as if it rolled back
+    if kept:
+        logger.error(
+            "The work on idempotency key %r ended its own transaction, so part of it may have "
+            "committed: the key answers request_outcome_unknown until an operator releases it",
+            held.key,
+        )
+        signals.interrupted.send(Claim, identity=held.identity)
+    return kept
+
+
+def _hook_failed(using: str) -> bool:
+    """Django sets this flag once a commit succeeded and clears it when its
+    on_commit hooks have all run: still set, one of them raised."""
+    return bool(getattr(connections[using], "run_commit_hooks_on_set_autocommit_on", False))
+
+
+def _completed(held: Claim) -> bool:
+    """After a failure around the commit: did our completion commit anyway?
+    Unknown (the database is unreachable) counts as no: a retry learns."""
+    try:
+        found = store.backend(held.using).fetch(held.identity)
+    except Error:
+        return False
+    return found is not None and found.token == held.token and found.response is not None
+
+
+def refuse_generator(func: Callable[..., Any], decorator: str) -> None:
+    """A generator's work runs while it is iterated, after the call has
+    returned and its claim has been settled: nothing could cover it."""
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        raise TypeError(
+            f"{decorator} cannot wrap the generator {func.__qualname__}: its work runs while "
+            "it is iterated, after the call has returned, so no claim could cover it. Return "
+            "a list (or, in a view, a response) instead of yielding."
+        )

@@ -1,0 +1,405 @@
+"""What the store reads and writes, and what every database's store shares.
+
+Raw SQL on purpose: a claim must be a single INSERT that the unique
+constraint arbitrates (never a read-then-write), the other writes are each
+one statement whose condition is judged where it runs, and every instant is
+computed and compared inside the statement with the database's clock
+(``clock.sql``): no app server's clock takes part in a decision. Statements
+are built once per database alias with its vendor's quoting, and take named
+parameters.
+
+A vendor module (``postgresql``, ``mysql``, ``sqlite``) subclasses
+``Backend`` for what its database does its own way: the claim.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections
+
+from idempotency_app import clock
+from idempotency_app.exceptions import UnstorableIdentity
+from idempotency_app.models import IdempotencyRecord
+
+FORMAT_VERSION = 1
+IN_PROGRESS = IdempotencyRecord.Status.IN_PROGRESS.value
+COMPLETED = IdempotencyRecord.Status.COMPLETED.value
+RELEASED = IdempotencyRecord.Status.RELEASED.value
+INTERRUPTED = IdempotencyRecord.Status.INTERRUPTED.value
+# What an interrupted record says it answered: the client got a 500.
+INTERRUPTED_STATUS = 500
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a record is keyed by (scope, key) and judged by (operation,
+    fingerprint)."""
+
+    scope: str
+    key: str
+    operation: str
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """What a completed record holds: a view's response (its status,
+    allow-listed headers and body; ``body`` is None when it was too large,
+    or streamed, to store: the status and headers still replay), or a task's
+    result, whose ``status`` is None and whose body is JSON."""
+
+    status: int | None
+    headers: tuple[tuple[str, str], ...]
+    body: bytes | None
+
+    def headers_json(self) -> str:
+        return json.dumps([list(pair) for pair in self.headers], separators=(",", ":"))
+
+
+def parse_headers(text: str | None) -> tuple[tuple[str, str], ...]:
+    """The stored ``response_headers`` column: a JSON list of [name, value]."""
+    return tuple((str(name), str(value)) for name, value in json.loads(text or "[]"))
+
+
+@dataclass(frozen=True)
+class Existing:
+    """A record found at the key, with its state judged at one instant."""
+
+    token: str
+    operation: str
+    fingerprint: str
+    status: str
+    expired: bool
+    lapsed: bool
+    response: StoredResponse | None
+
+    def matches(self, identity: Identity) -> bool:
+        return self.operation == identity.operation and self.fingerprint == identity.fingerprint
+
+    @property
+    def released(self) -> bool:
+        return self.status == RELEASED
+
+    @property
+    def interrupted(self) -> bool:
+        return self.status == INTERRUPTED
+
+    @property
+    def replaceable(self) -> bool:
+        """Whether a new claim may take the record over: a validation
+        error's marker, a record past its window, or a claim whose lease
+        lapsed. An in-progress claim is judged by its lease alone: a per-view
+        TTL shorter than the lease (or a renewed lease) must not let a
+        duplicate take over work that is still running."""
+        if self.status == IN_PROGRESS:
+            return self.lapsed
+        return self.released or self.expired
+
+
+class Claimed:
+    """The INSERT won: the caller owns the key."""
+
+
+CLAIMED = Claimed()
+
+# The record's columns, as the claim's INSERT writes them.
+CLAIM_COLUMNS = (
+    "scope",
+    "key",
+    "operation",
+    "fingerprint",
+    "status",
+    "token",
+    "created_at",
+    "expires_at",
+    "locked_until",
+    "response_headers",
+    "format_version",
+)
+
+
+class Backend:
+    """The records' store on one database alias. Holds statements, never a
+    connection: each call uses the calling thread's connection."""
+
+    vendor = ""
+
+    def __init__(self, using: str) -> None:
+        connection = connections[using]
+        self.using = using
+        q = self.quote = connection.ops.quote_name
+        self.table = q(IdempotencyRecord._meta.db_table)
+        now, status, token = self.now(), q("status"), q("token")
+        where_key = f"{q('scope')} = %(scope)s AND {q('key')} = %(key)s"
+        where_token = f"{where_key} AND {token} = %(token)s"
+        in_progress = f"{status} = '{IN_PROGRESS}'"
+        self.where_key = where_key
+        # What a claim that meets a record reads: its state judged by the
+        # database's clock, and its stored response.
+        self.existing_columns = (
+            f"{token}, {q('operation')}, {q('fingerprint')}, {status}, "
+            f"{q('expires_at')} <= {now}, {q('locked_until')} <= {now}, "
+            f"{q('response_status')}, {q('response_headers')}, {q('response_body')}"
+        )
+        # The claim's INSERT, and the values it writes (VALUES or SELECT them).
+        self.insert_into = f"INSERT INTO {self.table} ({', '.join(q(c) for c in CLAIM_COLUMNS)})"
+        self.claim_values = (
+            f"%(scope)s, %(key)s, %(operation)s, %(fingerprint)s, '{IN_PROGRESS}', %(token)s, "
+            f"{now}, {self.now('expires')}, {self.now('lease')}, '', {FORMAT_VERSION}"
+        )
+        self.select = f"SELECT {self.existing_columns} FROM {self.table} WHERE {where_key}"
+        # The token alone is not enough: the owner keeps its token when it
+        # completes or renews, so the state that allowed the takeover is
+        # checked again in the same statement.
+        self.take_over_sql = (
+            f"UPDATE {self.table} SET {q('operation')} = %(operation)s, "
+            f"{q('fingerprint')} = %(fingerprint)s, {status} = '{IN_PROGRESS}', "
+            f"{token} = %(new_token)s, {q('created_at')} = {now}, "
+            f"{q('expires_at')} = {self.now('expires')}, "
+            f"{q('locked_until')} = {self.now('lease')}, "
+            f"{q('response_status')} = NULL, {q('response_headers')} = '', "
+            f"{q('response_body')} = NULL, {q('format_version')} = {FORMAT_VERSION} "
+            f"WHERE {where_token} AND ("
+            f"({status} IN ('{COMPLETED}', '{INTERRUPTED}') AND {q('expires_at')} <= {now}) OR "
+            f"({in_progress} AND {q('locked_until')} <= {now}) OR "
+            f"{status} = '{RELEASED}')"
+        )
+        # Only an unfinished claim completes: a second completion must never
+        # overwrite a result that duplicates may already have read.
+        self.complete_sql = (
+            f"UPDATE {self.table} SET {status} = '{COMPLETED}', "
+            f"{q('expires_at')} = {self.now('expires')}, {q('locked_until')} = NULL, "
+            f"{q('response_status')} = %(status)s, {q('response_headers')} = %(headers)s, "
+            f"{q('response_body')} = %(body)s WHERE {where_token} AND {in_progress}"
+        )
+        # Only an unfinished claim: a stored outcome is never deleted by its owner.
+        self.release_sql = f"DELETE FROM {self.table} WHERE {where_token} AND {in_progress}"
+        # The same, leaving a marker that the next claim of the key meets for
+        # free, so that only a retry after a validation error reads the guard.
+        self.release_marked_sql = (
+            f"UPDATE {self.table} SET {status} = '{RELEASED}', "
+            f"{q('expires_at')} = {self.now('expires')}, {q('locked_until')} = NULL "
+            f"WHERE {where_token} AND {in_progress}"
+        )
+        # Work that ended its own transaction: its claim answers so for TTL.
+        self.interrupt_sql = (
+            f"UPDATE {self.table} SET {status} = '{INTERRUPTED}', "
+            f"{q('expires_at')} = {self.now('expires')}, {q('locked_until')} = NULL, "
+            f"{q('response_status')} = {INTERRUPTED_STATUS} "
+            f"WHERE {where_token} AND {in_progress}"
+        )
+        self.renew_sql = (
+            f"UPDATE {self.table} SET {q('locked_until')} = {self.now('lease')} "
+            f"WHERE {where_token} AND {in_progress}"
+        )
+        # What the sweep deletes: records past their window and not held by
+        # a live lease (renewed beyond its expiry), and in-progress claims
+        # inside their window whose lease lapsed ``grace`` seconds ago.
+        self.sweep_conditions = {
+            "expired": (
+                f"{q('expires_at')} <= {now} AND "
+                f"({q('locked_until')} IS NULL OR {q('locked_until')} <= {now})"
+            ),
+            "stale": (
+                f"{in_progress} AND {q('locked_until')} <= {self.now('stale_before')} "
+                f"AND {q('expires_at')} > {now}"
+            ),
+        }
+        self.releasable = f"{status} IN ('{IN_PROGRESS}', '{INTERRUPTED}')"
+
+    def now(self, name: str = "now") -> str:
+        """The database's clock plus the seconds of parameter ``name``."""
+        return clock.sql(self.vendor, name)
+
+    def params(self, identity: Identity, **seconds: float) -> dict[str, Any]:
+        """The key's parameters, and each instant as seconds from the
+        database's now (``now`` itself always)."""
+        offsets = {name: clock.param(self.vendor, value) for name, value in seconds.items()}
+        return {
+            "scope": identity.scope,
+            "key": identity.key,
+            "now": clock.param(self.vendor, 0),
+            **offsets,
+        }
+
+    def execute(
+        self, sql: str, params: Mapping[str, Any] | None, connection: Any = None
+    ) -> tuple[int, Any]:
+        """The rows the statement touched, and its first row if it returns any."""
+        with (connection or connections[self.using]).cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.rowcount, cursor.fetchone() if cursor.description else None
+
+    # -- the lifecycle -----------------------------------------------------
+
+    def check_storable(self, identity: Identity) -> None:
+        """Refuse, before any query, what the connection would store mangled."""
+
+    def claim(
+        self, identity: Identity, token: str, ttl: float, lease: float
+    ) -> Existing | Claimed | None:
+        """Claim the key with ``token``: CLAIMED, or the record that holds
+        the key, or None when that record was released between our INSERT
+        and our read (try again)."""
+        raise NotImplementedError
+
+    def claim_params(
+        self, identity: Identity, token: str, ttl: float, lease: float
+    ) -> dict[str, Any]:
+        return {
+            **self.params(identity, expires=ttl, lease=lease),
+            "operation": identity.operation,
+            "fingerprint": identity.fingerprint,
+            "token": token,
+        }
+
+    def fetch(self, identity: Identity) -> Existing | None:
+        _, row = self.execute(self.select, self.params(identity))
+        return None if row is None else existing(row)
+
+    def take_over(
+        self, identity: Identity, old_token: str, token: str, ttl: float, lease: float
+    ) -> bool:
+        """Replace an expired record, a lapsed claim or a marker; a
+        compare-and-set on the old token, so of two workers taking over at
+        once only one wins."""
+        params = self.claim_params(identity, old_token, ttl, lease)
+        rowcount, _ = self.execute(self.take_over_sql, {**params, "new_token": token})
+        return rowcount == 1
+
+    def complete(
+        self, identity: Identity, token: str, response: StoredResponse, ttl: float
+    ) -> bool:
+        """Mark the claim completed; False when ``token`` no longer holds it."""
+        params = {
+            **self.params(identity, expires=ttl),
+            "token": token,
+            "status": response.status,
+            "headers": response.headers_json(),
+            "body": response.body,
+        }
+        rowcount, _ = self.execute(self.complete_sql, params)
+        return rowcount == 1
+
+    def release(self, identity: Identity, token: str, marker: float = 0) -> bool:
+        """Give up the claim so a retry runs again; False when it was not ours.
+        With ``marker`` seconds, a marker row stays that long instead."""
+        if marker > 0:
+            params = {**self.params(identity, expires=marker), "token": token}
+            rowcount, _ = self.execute(self.release_marked_sql, params)
+        else:
+            rowcount, _ = self.execute(self.release_sql, {**self.params(identity), "token": token})
+        return rowcount == 1
+
+    def interrupt(self, identity: Identity, token: str, ttl: float) -> bool:
+        """Mark the claim interrupted, on a connection of its own: the work's
+        connection is inside a transaction that no longer is the work's. False
+        when the claim is not there (its transaction rolled back) or not ours."""
+        side = connections.create_connection(self.using)
+        try:
+            params = {**self.params(identity, expires=ttl), "token": token}
+            rowcount, _ = self.execute(self.interrupt_sql, params, side)
+        finally:
+            side.close()
+        return rowcount == 1
+
+    def renew(self, identity: Identity, token: str, lease: float, connection: Any = None) -> bool:
+        """Extend the lease of a claim still held by ``token`` (through
+        ``connection``, another connection to the alias, when given)."""
+        params = {**self.params(identity, lease=lease), "token": token}
+        rowcount, _ = self.execute(self.renew_sql, params, connection)
+        return rowcount == 1
+
+    def renews_in_place(self) -> bool:
+        """Whether, inside the work's transaction, ``renew`` must go through
+        that transaction (which then holds the row: duplicates and the sweep
+        wait at it until the work ends, and a lock_timeout turns that wait
+        into a 409) rather than through a connection of its own, whose new
+        lease other workers see at once."""
+        return False
+
+    # -- the sweep and the admin -------------------------------------------
+
+    def sweep_batch(self, kind: str, after: int | None, size: int, grace: float = 0) -> list[int]:
+        """Up to ``size`` primary keys of ``kind`` ("expired" or "stale")
+        records after ``after``, in order."""
+        condition = self.sweep_conditions[kind]
+        params = self.sweep_params(grace)
+        if after is not None:
+            condition += f" AND {self.quote('id')} > %(after)s"
+            params["after"] = after
+        sql = (
+            f"SELECT {self.quote('id')} FROM {self.table} WHERE {condition} "
+            f"ORDER BY {self.quote('id')} LIMIT {int(size)}"
+        )
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql, params)
+            return [int(row[0]) for row in cursor.fetchall()]
+
+    def sweep_delete(self, kind: str, first: int, last: int, grace: float = 0) -> int:
+        """Delete the ``kind`` records from ``first`` to ``last`` in one
+        statement that judges the condition again: a record re-claimed or
+        completed since it was selected no longer matches and is kept."""
+        pk = self.quote("id")
+        sql = (
+            f"DELETE FROM {self.table} WHERE {pk} >= %(first)s AND {pk} <= %(last)s "
+            f"AND {self.sweep_conditions[kind]}"
+        )
+        rowcount, _ = self.execute(sql, {**self.sweep_params(grace), "first": first, "last": last})
+        return int(rowcount)
+
+    def sweep_params(self, grace: float) -> dict[str, Any]:
+        return {
+            "now": clock.param(self.vendor, 0),
+            "stale_before": clock.param(self.vendor, -grace),
+        }
+
+    def release_selected(self, pks: Sequence[int]) -> int:
+        """The admin's release: delete the selected records that are in
+        progress or interrupted, in one statement."""
+        if not pks:
+            return 0
+        names = {f"pk{index}": int(pk) for index, pk in enumerate(pks)}
+        sql = (
+            f"DELETE FROM {self.table} WHERE {self.quote('id')} IN "
+            f"({', '.join(f'%({name})s' for name in names)}) AND {self.releasable}"
+        )
+        rowcount, _ = self.execute(sql, names)
+        return int(rowcount)
+
+
+def existing(row: Sequence[Any]) -> Existing:
+    """The record a claim met, from the columns of ``existing_columns``."""
+    token, operation, fingerprint, status, expired, lapsed, resp_status, resp_headers, resp_body = (
+        row
+    )
+    response = None
+    if status == COMPLETED:
+        headers = parse_headers(resp_headers)
+        body = None if resp_body is None else bytes(resp_body)
+        response = StoredResponse(None if resp_status is None else int(resp_status), headers, body)
+    return Existing(token, operation, fingerprint, status, bool(expired), bool(lapsed), response)
+
+
+def runs_alone(connection: Any) -> bool:
+    """Whether a statement sent now is a transaction of its own. A
+    connection not opened yet (the first query of a request under the
+    default CONN_MAX_AGE = 0) reports autocommit off until it connects: its
+    settings say what it will be."""
+    if connection.in_atomic_block:
+        return False
+    if connection.connection is None:
+        return bool(connection.settings_dict.get("AUTOCOMMIT", True))
+    return bool(connection.autocommit)
+
+
+def refuse_unstorable(identity: Identity, using: str) -> None:
+    raise UnstorableIdentity(
+        f"The idempotency scope, key or operation of {identity.key!r} holds characters "
+        f"outside the Basic Multilingual Plane, which the connection to database {using!r} "
+        'cannot store: set DATABASES[...]["OPTIONS"] = {"charset": "utf8mb4"}.'
+    )

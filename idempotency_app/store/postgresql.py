@@ -1,0 +1,64 @@
+"""PostgreSQL: the claim and the read of a taken key in one statement."""
+
+from __future__ import annotations
+
+from django.db import connections
+
+from idempotency_app.store import base
+from idempotency_app.store.base import CLAIMED, Claimed, Existing, Identity
+
+
+class Backend(base.Backend):
+    vendor = "postgresql"
+
+    def __init__(self, using: str) -> None:
+        super().__init__(using)
+        on_conflict = f"ON CONFLICT ({self.quote('scope')}, {self.quote('key')}) DO NOTHING"
+
+        # The INSERT and the read of the record it collided with, in one round
+        # trip. NOT EXISTS keeps replays from drawing a sequence value (and
+        # from forcing a WAL flush every 32 of them); ON CONFLICT still
+        # arbitrates two fresh claims racing.
+        def claim(cfg: str = "", join: str = "") -> str:
+            return (
+                f"WITH ins AS ({self.insert_into} SELECT {self.claim_values} "
+                f"WHERE NOT EXISTS (SELECT 1 FROM {self.table} WHERE {self.where_key}) "
+                f"{on_conflict} RETURNING 1){cfg} "
+                f"SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM ins{join} "
+                f"UNION ALL {self.select}"
+            )
+
+        self.claim_sql = claim()
+        # Outside any transaction, the claim's commit does not wait for its
+        # WAL flush. WAL is flushed in order, so the work's own (synchronous)
+        # commit makes the claim durable too; a crash can only lose a claim
+        # whose work never committed, which a retry then runs. Never inside a
+        # transaction, where it would make the caller's commit asynchronous.
+        self.claim_alone_sql = claim(
+            ", cfg AS (SELECT set_config('synchronous_commit', 'off', true))", " CROSS JOIN cfg"
+        )
+
+    def claim(
+        self, identity: Identity, token: str, ttl: float, lease: float
+    ) -> Existing | Claimed | None:
+        alone = base.runs_alone(connections[self.using])
+        params = self.claim_params(identity, token, ttl, lease)
+        _, row = self.execute(self.claim_alone_sql if alone else self.claim_sql, params)
+        if row is None:
+            # Lost the race to a row this statement's snapshot cannot see yet.
+            return self.fetch(identity)
+        return CLAIMED if row[0] is None else base.existing(row)
+
+    def renews_in_place(self) -> bool:
+        """At REPEATABLE READ or SERIALIZABLE, the work could not complete a
+        row that another connection changed after its snapshot. A transaction
+        already marked for rollback takes no statement: it commits nothing,
+        so a connection of its own serves."""
+        if connections[self.using].needs_rollback:
+            return False
+        return self.isolation_level() not in ("read committed", "read uncommitted")
+
+    def isolation_level(self) -> str:
+        """The transaction's isolation level, as ``SHOW`` names it."""
+        _, row = self.execute("SHOW transaction_isolation", None)
+        return str(row[0])

@@ -73,6 +73,16 @@ def upload_statement(request: Request, filename: str) -> Response:
     return Response({"sha256": digest}, status=201)
 
 
+@api_view(["POST"])
+@parser_classes([FileUploadParser])
+@idempotent
+def upload_named_file(request: Request) -> Response:
+    """The file's name comes from its Content-Disposition header."""
+    upload = request.data["file"]
+    Charge.objects.create(label=upload.name[:100], amount=upload.size)
+    return Response({"stored_as": upload.name}, status=201)
+
+
 # The choreography of the deadlock test below.
 VIEW_LOCKED_A = threading.Event()
 
@@ -103,6 +113,7 @@ urlpatterns = [
     path("durable-audit/", durable_audit_best_effort),
     path("transfer/", transfer_retrying_deadlocks),
     path("upload-statement/<str:filename>/", upload_statement),
+    path("upload/", upload_named_file),
 ]
 
 
@@ -185,6 +196,28 @@ def test_a_different_upload_with_the_same_key_is_refused_after_a_permission_read
         f"a different file under the same key got {second.status_code} "
         f"{second.headers.get('Idempotent-Replayed')!r}: {second.content!r}"
     )
+
+
+@override_settings(ROOT_URLCONF=URLCONF)
+def test_the_same_bytes_under_another_file_name_are_another_request(
+    api: APIClient, key: str
+) -> None:
+    """A FileUploadParser view reads the file's name from Content-Disposition:
+    the same bytes named b.csv are not a retry of a.csv."""
+
+    def send(name: str) -> Any:
+        return api.post(
+            "/upload/",
+            b"id,amount\n1,100\n",
+            content_type="text/csv",
+            HTTP_IDEMPOTENCY_KEY=key,
+            HTTP_CONTENT_DISPOSITION=f"attachment; filename={name}",
+        )
+
+    assert send("a.csv").status_code == 201
+    assert send("a.csv")["Idempotent-Replayed"] == "true"
+    refused = send("b.csv")
+    assert refused.status_code == 422, f"b.csv got {refused.status_code}: {refused.content!r}"
 
 
 @needs_server_db

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from idempotency_app.lifecycle.statements import ends_transaction, is_read
+from idempotency_app.lifecycle.statements import Quoting, ends_transaction, is_read
 
 # (vendor, SQL, what ends the transaction or None)
 ENDS = [
@@ -91,6 +91,26 @@ ENDS = [
     ("mysql", "PREPARE s FROM 'COMMIT'", "COMMIT"),
     ("mysql", "PREPARE s FROM 'INSERT INTO t VALUES (?)'", None),
     ("mysql", "XA START 'x'", "XA"),
+    # Statements that carry another are what they carry.
+    ("mysql", "SET STATEMENT max_statement_time=60 FOR COMMIT AND CHAIN", "COMMIT"),
+    ("mysql", "SET STATEMENT max_statement_time=60 FOR START TRANSACTION", "START"),
+    ("mysql", "SET STATEMENT max_statement_time=60 FOR DROP TABLE x", "DROP"),
+    ("mysql", "EXECUTE IMMEDIATE 'SET STATEMENT max_statement_time=1 FOR COMMIT'", "COMMIT"),
+    # MariaDB runs compound statements outside stored programs.
+    (
+        "mysql",
+        "REPEAT COMMIT; INSERT INTO t VALUES (1); UNTIL 1 END REPEAT",
+        "a compound statement",
+    ),
+    ("mysql", "IF 1 THEN COMMIT; END IF", "a compound statement"),
+    ("mysql", "scope: BEGIN NOT ATOMIC SELECT 1; END", "a compound statement"),
+    ("mysql", "WHILE 0 DO SELECT 1; END WHILE", "a compound statement"),
+    # A conditional comment may run or not, by the server: both are judged.
+    ("mysql", "/*!80000 SELECT 1, */ COMMIT AND CHAIN", "COMMIT"),
+    ("mysql", "/*M!999999 SELECT 1, */ COMMIT AND CHAIN", "COMMIT"),
+    ("mysql", "DROP /*!99999 TEMPORARY */ TABLE x", "DROP"),
+    ("mysql", "CREATE /*!99999 TEMPORARY */ TABLE x (id int)", "CREATE"),
+    ("mysql", "SELECT 1 /*!50000 + 1 */", None),
     # PostgreSQL and SQLite keep DDL inside the transaction.
     ("postgresql", "CREATE TABLE IF NOT EXISTS ledger (id integer)", None),
     ("sqlite", "CREATE TABLE IF NOT EXISTS ledger (id integer)", None),
@@ -147,6 +167,27 @@ READS = [
     ("mysql", "ANALYZE FORMAT=JSON SELECT * FROM t", True),
     ("mysql", "ANALYZE UPDATE t SET a = 1", False),
     ("mysql", "ANALYZE TABLE t", False),
+    # ANALYZE however it is spelt, and what it runs, however it starts.
+    ("postgresql", "EXPLAIN ANALYSE INSERT INTO t VALUES (1)", False),
+    ("postgresql", "EXPLAIN (ANALYSE) INSERT INTO t VALUES (1)", False),
+    ("postgresql", 'EXPLAIN ("analyze") INSERT INTO t VALUES (1)', False),
+    ("postgresql", "EXPLAIN (ANALYSE 'on') INSERT INTO t VALUES (1)", False),
+    ("postgresql", "EXPLAIN ANALYZE CREATE TABLE c AS SELECT * FROM t", False),
+    ("postgresql", "EXPLAIN ANALYZE CREATE MATERIALIZED VIEW v AS SELECT 1", False),
+    (
+        "postgresql",
+        "EXPLAIN (ANALYZE) WITH x AS (INSERT INTO t VALUES (1) RETURNING id) SELECT * FROM x",
+        False,
+    ),
+    ("postgresql", "EXPLAIN (FORMAT JSON, VERBOSE) SELECT 1", True),
+    ("mysql", "EXPLAIN FORMAT=JSON SELECT 1", True),
+    ("mysql", "EXPLAIN FOR CONNECTION 42", True),
+    # MariaDB: what SET STATEMENT carries, compound statements, conditional comments.
+    ("mysql", "SET STATEMENT max_statement_time=60 FOR INSERT INTO t VALUES (1)", False),
+    ("mysql", "SET STATEMENT max_statement_time=60 FOR SELECT 1", True),
+    ("mysql", "BEGIN NOT ATOMIC INSERT INTO t VALUES (1); END", False),
+    ("mysql", "/*!99999 SELECT */ INSERT INTO t VALUES (1)", False),
+    ("mysql", "SELECT 1 /*!99999 ' */; INSERT INTO t VALUES (1); SELECT '/*!99999 ' */", False),
     ("sqlite", "EXPLAIN QUERY PLAN SELECT 1", True),
     # SELECT ... INTO: a table on PostgreSQL, a file on MySQL; a variable is a read.
     ("postgresql", "SELECT * INTO new_table FROM t", False),
@@ -168,7 +209,8 @@ READS = [
     ("postgresql", "/* a comment */ UPDATE t SET a = 1", False),
     ("postgresql", "CALL post_ledger_entry('x')", False),
     ("postgresql", "DO $$ BEGIN INSERT INTO t VALUES (1); END $$", False),
-    ("mysql", "DO RELEASE_LOCK('x')", False),
+    ("mysql", "DO RELEASE_LOCK('x')", True),  # expressions, as a SELECT evaluates them
+    ("mysql", "DO SLEEP(0)", True),
     ("postgresql", "CREATE TABLE x (id integer)", False),
     ("mysql", "LOCK TABLES t READ", False),
     # No data changes: transaction control and session settings.
@@ -197,3 +239,16 @@ READS = [
 @pytest.mark.parametrize(("vendor", "sql", "read"), READS)
 def test_what_counts_as_a_read(vendor: str, sql: str, read: bool) -> None:
     assert is_read(sql, vendor) is read
+
+
+def test_the_sessions_quoting_decides_when_the_driver_reports_it() -> None:
+    """Read in every quoting, "'it\\'s', 'a;b'" could be two statements; in
+    the quoting the session reports it is one literal, and a read."""
+    text = "SELECT 'it\\'s', 'a;b'"
+    assert not is_read(text, "mysql"), "unknown quoting: the strictest reading"
+    assert is_read(text, "mysql", lambda: Quoting(backslash=True))
+    assert not is_read(text, "mysql", lambda: Quoting(backslash=False))
+    changing = "SET sql_mode = 'NO_BACKSLASH_ESCAPES'; " + text
+    assert not is_read(changing, "mysql", lambda: Quoting(backslash=True)), (
+        "a text that changes the SQL mode is read every way"
+    )

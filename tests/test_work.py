@@ -53,14 +53,35 @@ def charge(request: Request) -> Response:
     if other is not None:
         with connections["other"].cursor() as cursor:
             cursor.execute(other)
+    raw = request.data.get("driver_cursor")
+    if raw is not None:
+        with connection.cursor() as cursor:
+            cursor.cursor.execute(raw)  # the driver's own cursor, past Django's
+    procedure = request.data.get("callproc")
+    if procedure is not None:
+        with connection.cursor() as cursor:
+            cursor.callproc(procedure)
     if request.data.get("raw_commit"):
         connection.connection.commit()  # past every wrapper: only the driver sees it
+    if request.data.get("then_write_raw"):
+        write_on_the_driver(connection.connection)
     if request.data.get("carry_on"):
         with contextlib.suppress(Exception):  # best effort, as integrators write it
             Charge.objects.create(label="after", amount=1)
     if request.data.get("provider_down"):
         return Response({"detail": "provider unavailable"}, status=503)
     return Response({"ok": True}, status=201)
+
+
+def write_on_the_driver(raw: Any) -> None:
+    """What a bulk loader handed the driver's connection does: write on it,
+    which opens a new transaction where the work's ended."""
+    fee = f"INSERT INTO {CHARGE} (label, amount) VALUES ('fee', 1)"
+    if connection.vendor == "sqlite":
+        raw.execute("BEGIN")
+        raw.execute(fee)
+    else:
+        raw.cursor().execute(fee)
 
 
 @api_view(["POST"])
@@ -152,6 +173,88 @@ def test_a_statement_that_ends_the_transaction_never_commits_part_of_the_work(
     assert not IdempotencyRecord.objects.exists()
 
 
+def test_a_statement_sent_on_the_drivers_own_cursor_is_judged_too(
+    quiet_api: APIClient, key: str
+) -> None:
+    """The driver's cursor reached past Django's (``cursor.cursor``) runs a
+    COMMIT AND CHAIN: the transaction ends and a new one begins at once, so
+    only reading the statement can stop it."""
+    if vendor() == "sqlite":
+        pytest.skip("sqlite3 cursors cannot be given a class of ours")
+    body = {"driver_cursor": "COMMIT AND CHAIN", "provider_down": True}
+    for _ in range(2):
+        assert post(quiet_api, "/charge/", body, key).status_code == 500
+    assert debits() == 0, "refused before it ran, on every try"
+
+
+MARIADB_HIDDEN_ENDS = [
+    "SET STATEMENT max_statement_time=60 FOR COMMIT AND CHAIN",
+    "SET STATEMENT max_statement_time=60 FOR START TRANSACTION",
+    f"REPEAT COMMIT; INSERT INTO {CHARGE} (label, amount) VALUES ('fee', 1); UNTIL 1 END REPEAT",
+    "EXECUTE IMMEDIATE 'SET STATEMENT max_statement_time=60 FOR COMMIT AND CHAIN'",
+    "/*!80000 SELECT 1, */ COMMIT AND CHAIN",
+    "/*M!999999 SELECT 1, */ COMMIT AND CHAIN",
+    "DROP /*!99999 TEMPORARY */ TABLE no_such_scratch",
+    "SET STATEMENT max_statement_time=60 FOR DROP TABLE no_such_scratch",
+    "SET STATEMENT max_statement_time=60 FOR ROLLBACK AND CHAIN",
+]
+
+
+@pytest.mark.parametrize("statement", MARIADB_HIDDEN_ENDS)
+def test_mariadb_statements_that_hide_a_transaction_end_are_refused(
+    quiet_api: APIClient, key: str, statement: str
+) -> None:
+    """Each ends the transaction and (most) opens another at once, where the
+    driver would report a transaction again: MariaDB runs what SET STATEMENT
+    carries, compound statements outside procedures, and skips conditional
+    comments newer than it or meant for MySQL 5.7 and later."""
+    if vendor() != "mysql":
+        pytest.skip("MariaDB's syntax")
+    body = {"statement": statement, "provider_down": True}
+    statuses = [post(quiet_api, "/charge/", body, key).status_code for _ in range(2)]
+    assert statuses == [500, 500] and debits() == 0, f"{statuses}, {debits()} debits committed"
+
+
+def test_mariadb_callproc_of_a_procedure_that_commits_is_refused(
+    quiet_api: APIClient, key: str
+) -> None:
+    """cursor.callproc() sends its CALL past Django's execute wrappers; the
+    procedure commits and writes on, so the driver reports a transaction."""
+    if vendor() != "mysql":
+        pytest.skip("MariaDB's procedures")
+    with connection.cursor() as cursor:
+        cursor.execute("DROP PROCEDURE IF EXISTS settle_now")
+        cursor.execute(
+            f"CREATE PROCEDURE settle_now() BEGIN COMMIT; "
+            f"INSERT INTO {CHARGE} (label, amount) VALUES ('fee', 1); END"
+        )
+    try:
+        body = {"callproc": "settle_now", "provider_down": True}
+        statuses = [post(quiet_api, "/charge/", body, key).status_code for _ in range(2)]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP PROCEDURE IF EXISTS settle_now")
+    assert statuses == [500, 500] and debits() == 0
+
+
+def test_mariadb_an_implicit_commit_whose_statement_then_fails_leaves_the_key_interrupted(
+    quiet_api: APIClient, key: str
+) -> None:
+    """A prepared statement made before the work hides a DROP: MariaDB
+    commits the work so far, then fails on the missing table. A failure
+    that closed the transaction is a server's rollback only when it is a
+    deadlock or a lock timeout; here the debit committed."""
+    if vendor() != "mysql":
+        pytest.skip("MariaDB's implicit commits")
+    with connection.cursor() as cursor:
+        cursor.execute("PREPARE hidden_drop FROM 'DROP TABLE no_such_scratch'")
+    body = {"statement": "EXECUTE hidden_drop", "provider_down": True}
+    first = post(quiet_api, "/charge/", body, key)
+    assert first.status_code == 500 and first.json()["code"] == "request_outcome_unknown"
+    assert post(quiet_api, "/charge/", body, key).json()["code"] == "request_outcome_unknown"
+    assert (len(RUNS), debits()) == (1, 1), "the committed debit never runs again"
+
+
 # -- transaction ends only the driver sees ----------------------------------------
 
 
@@ -223,6 +326,24 @@ def test_work_is_stopped_the_moment_its_transaction_ends(
     assert (len(RUNS), debits()) == (1, 1)
 
 
+def test_a_commit_on_the_driver_then_writes_on_its_cursor_leave_the_key_interrupted(
+    quiet_api: APIClient, key: str, request: pytest.FixtureRequest
+) -> None:
+    """The driver's commit, then a write on a cursor of the driver's: a new
+    transaction is open when Django's next statement comes, but the cursor
+    asked the driver first. (sqlite3 has no cursor class to give: there, a
+    transaction begun again by hand past Django is not seen; documented.)"""
+    if vendor() == "sqlite":
+        request.applymarker(
+            pytest.mark.xfail(strict=True, reason="Not guarded on SQLite (docs/guarantees.md)")
+        )
+    body = {"raw_commit": True, "then_write_raw": True, "provider_down": True}
+    first = post(quiet_api, "/charge/", body, key)
+    post(quiet_api, "/charge/", body, key)
+    assert first.status_code == 500 and first.json()["code"] == "request_outcome_unknown"
+    assert (len(RUNS), debits()) == (1, 1), "the committed debit never runs again"
+
+
 def test_a_different_request_under_an_interrupted_key_is_still_a_reuse(
     quiet_api: APIClient, key: str
 ) -> None:
@@ -276,6 +397,20 @@ def test_a_task_whose_transaction_ends_raises_outcome_unknown_on_every_delivery(
             f"EXPLAIN ANALYZE INSERT INTO {AUDIT} (note) VALUES ('x')", id="explain-analyze"
         ),
         pytest.param(f"/* audit */ INSERT INTO {AUDIT} (note) VALUES ('x')", id="comment-first"),
+        pytest.param(f"EXPLAIN ANALYSE INSERT INTO {AUDIT} (note) VALUES ('x')", id="analyse"),
+        pytest.param(
+            f"EXPLAIN (\"analyze\") INSERT INTO {AUDIT} (note) VALUES ('x')", id="quoted-analyze"
+        ),
+        pytest.param(
+            f"SET STATEMENT max_statement_time=60 FOR INSERT INTO {AUDIT} (note) VALUES ('x')",
+            id="set-statement-for",
+        ),
+        pytest.param(
+            f"BEGIN NOT ATOMIC INSERT INTO {AUDIT} (note) VALUES ('x'); END", id="not-atomic"
+        ),
+        pytest.param(
+            f"/*!99999 SELECT */ INSERT INTO {AUDIT} (note) VALUES ('x')", id="conditional-comment"
+        ),
     ],
 )
 def test_a_write_to_another_database_is_refused_however_it_starts(
@@ -283,8 +418,11 @@ def test_a_write_to_another_database_is_refused_however_it_starts(
 ) -> None:
     if vendor() == "sqlite" and ";" in statement:
         pytest.skip("sqlite3 takes one statement per execute()")
-    if vendor() != "postgresql" and "EXPLAIN ANALYZE" in statement:
+    if vendor() != "postgresql" and statement.startswith("EXPLAIN"):
         pytest.skip("PostgreSQL's EXPLAIN ANALYZE runs the statement")
+    mariadb = ("SET STATEMENT", "BEGIN NOT ATOMIC", "/*!")
+    if vendor() != "mysql" and statement.startswith(mariadb):
+        pytest.skip("MariaDB's syntax")
     response = post(quiet_api, "/charge/", {"other": statement, "provider_down": True}, key)
     post(quiet_api, "/charge/", {"other": statement}, key)
     assert response.status_code == 500
@@ -315,6 +453,10 @@ def legitimate_statements() -> list[Any]:
             id="with-read-whose-literals-say-write",
         ),
         pytest.param({"other": "SELECT 1; SELECT 2"}, ("postgresql", "mysql"), id="two-reads"),
+        pytest.param(
+            {"other": "SELECT 'it\\'s', 'a;b'"}, ("mysql",), id="escaped-quote-before-a-semicolon"
+        ),
+        pytest.param({"other": "DO SLEEP(0)"}, ("mysql",), id="mysql-do"),
         pytest.param({"statement": "SET @x = 'autocommit'"}, ("mysql",), id="set-variable"),
         pytest.param(
             {"statement": "CREATE OR REPLACE TEMPORARY TABLE scratch (id int)"},

@@ -323,10 +323,15 @@ def fingerprint(request: Any) -> str:
 
 def identity_fingerprint(request: Any, fingerprint: str) -> str:
     """What the record and the guard compare: the fingerprint (the default
-    one or a project's own) together with the body's content type, so that
-    no ``FINGERPRINT`` can leave the content type out of the identity."""
+    one or a project's own) together with the body's content type and, when
+    sent, its ``Content-Disposition`` (the file name a ``FileUploadParser``
+    view reads), so that no ``FINGERPRINT`` can leave them out."""
+    parts = [content_type(request), fingerprint]
+    disposition = _django_request(request).META.get("HTTP_CONTENT_DISPOSITION")
+    if disposition:
+        parts.append(disposition)
     digest = hashlib.sha256()
-    for part in (content_type(request), fingerprint):
+    for part in parts:
         raw = part.encode("utf-8", "surrogateescape")
         digest.update(len(raw).to_bytes(8, "big"))
         digest.update(raw)

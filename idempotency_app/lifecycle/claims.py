@@ -35,6 +35,7 @@ from django.db import Error, InterfaceError, OperationalError, connections, tran
 from idempotency_app import signals, store
 from idempotency_app.conf import conf, policy_problems
 from idempotency_app.exceptions import KeyInProgress, KeyReused, OutcomeUnknown, StoreUnavailable
+from idempotency_app.lifecycle.drivers import is_lock_conflict
 from idempotency_app.lifecycle.work import UnitAtomic
 from idempotency_app.store import Existing, Identity, StoredResponse
 
@@ -173,26 +174,6 @@ def in_transaction(using: str) -> bool:
     return connection.in_atomic_block or (
         connection.connection is not None and not connection.autocommit
     )
-
-
-# MySQL lock wait timeout and deadlock; PostgreSQL deadlock, lock timeout and
-# serialization failure.
-_MYSQL_LOCK_ERRORS = {1205, 1213}
-_POSTGRES_LOCK_STATES = {"40P01", "55P03", "40001"}
-
-
-def is_lock_conflict(exc: Exception) -> bool:
-    cause = exc.__cause__ or exc
-    if getattr(cause, "sqlstate", None) in _POSTGRES_LOCK_STATES:
-        return True
-    if getattr(cause, "pgcode", None) in _POSTGRES_LOCK_STATES:
-        return True
-    args = getattr(cause, "args", ())
-    if args and args[0] in _MYSQL_LOCK_ERRORS:
-        return True
-    # SQLite: "database is locked", or "database table is locked" with a
-    # shared cache (in-memory test databases).
-    return "database is locked" in str(exc) or "database table is locked" in str(exc)
 
 
 @signals.timed(signals.claim_timed)

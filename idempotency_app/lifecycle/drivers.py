@@ -1,6 +1,7 @@
-"""What each database driver reports about its connection: whether a
-transaction is open, read from the driver after every statement, with no
-round trip.
+"""What each database driver reports about its connection, read from the
+driver with no round trip: whether a transaction is open (asked before and
+after every statement the work sends), how the session reads quotes, and
+whether an error was a lock conflict.
 
 - psycopg 3: ``pgconn.transaction_status``; psycopg2:
   ``get_transaction_status()`` (libpq's idle, active, in transaction, in
@@ -16,6 +17,7 @@ round trip.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib
@@ -23,15 +25,24 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
+from idempotency_app.lifecycle.statements import Quoting
+
 TransactionProbe = Callable[[], bool | None]
 
 # libpq's PQTRANS_IDLE: no transaction open (the others are active, in a
 # transaction, in a failed one, or a connection gone bad).
 _PQ_IDLE = 0
 # MariaDB Connector/C: enum mariadb_value's MARIADB_CONNECTION_SERVER_STATUS,
-# and the server status flag SERVER_STATUS_IN_TRANS.
+# and the server status flags: a transaction is open, the SQL mode has
+# NO_BACKSLASH_ESCAPES, and (MariaDB) ANSI_QUOTES.
 _MARIADB_CONNECTION_SERVER_STATUS = 30
 _SERVER_STATUS_IN_TRANS = 1
+_SERVER_STATUS_NO_BACKSLASH_ESCAPES = 512
+_SERVER_STATUS_ANSI_QUOTES = 32768
+# MySQL lock wait timeout and deadlock; PostgreSQL deadlock, lock timeout and
+# serialization failure.
+_MYSQL_LOCK_ERRORS = {1205, 1213}
+_POSTGRES_LOCK_STATES = {"40P01", "55P03", "40001"}
 
 
 def transaction_probe(connection: Any) -> TransactionProbe | None:
@@ -55,6 +66,20 @@ def transaction_probe(connection: Any) -> TransactionProbe | None:
 
 
 def _mysql_probe(raw: Any) -> TransactionProbe | None:
+    status = _mysql_status(raw)
+    if status is None:
+        return None
+
+    def probe() -> bool | None:
+        flags = status()
+        return None if flags is None else bool(flags & _SERVER_STATUS_IN_TRANS)
+
+    return probe
+
+
+def _mysql_status(raw: Any) -> Callable[[], int | None] | None:
+    """A function reading the server status flags of mysqlclient's
+    connection ``raw``, or None when the client library cannot say."""
     get_info = _mariadb_get_info()
     native = getattr(raw, "_get_native_connection", None)
     if get_info is None or native is None:
@@ -64,15 +89,65 @@ def _mysql_probe(raw: Any) -> TransactionProbe | None:
     status = ctypes.c_uint()
     reference = ctypes.byref(status)
 
-    def probe() -> bool | None:
+    def flags() -> int | None:
         # The MYSQL struct lives inside the driver's connection object, which
         # this closure keeps alive; a closed connection's status is stale.
         if not raw.open:
             return None
         get_info(pointer, _MARIADB_CONNECTION_SERVER_STATUS, reference)
-        return bool(status.value & _SERVER_STATUS_IN_TRANS)
+        return status.value
 
-    return probe
+    return flags
+
+
+def refresh_status(connection: Any) -> None:
+    """Make mysqlclient's status current: an error reply carries none, so
+    after one the driver still reports the status before it. A statement
+    that touches no table answers with the status as it is now."""
+    with contextlib.suppress(Exception):
+        connection.connection.query("DO 0")
+
+
+def quoting(connection: Any) -> Quoting | None:
+    """How the session of ``connection`` (connected) reads quotes, as its
+    driver reports it; None when it cannot say."""
+    raw = connection.connection
+    if raw is None:
+        return None
+    if connection.vendor == "postgresql":
+        pgconn = getattr(raw, "pgconn", None)
+        if pgconn is not None:  # psycopg 3
+            setting = pgconn.parameter_status(b"standard_conforming_strings")
+        else:
+            setting = (raw.get_parameter_status("standard_conforming_strings") or "").encode()
+        return None if not setting else Quoting(backslash=setting != b"on")
+    if connection.vendor == "mysql":
+        status = _mysql_status(raw)
+        flags = None if status is None else status()
+        if flags is None:
+            return None
+        return Quoting(
+            backslash=not flags & _SERVER_STATUS_NO_BACKSLASH_ESCAPES,
+            ansi_quotes=bool(flags & _SERVER_STATUS_ANSI_QUOTES),
+        )
+    return Quoting(backslash=False)
+
+
+def is_lock_conflict(exc: Exception) -> bool:
+    """A deadlock, a lock timeout or a serialization failure: another
+    transaction holds what this one needs, and (on MySQL) the server may
+    have rolled this one back."""
+    cause = exc.__cause__ or exc
+    if getattr(cause, "sqlstate", None) in _POSTGRES_LOCK_STATES:
+        return True
+    if getattr(cause, "pgcode", None) in _POSTGRES_LOCK_STATES:
+        return True
+    args = getattr(cause, "args", ())
+    if args and args[0] in _MYSQL_LOCK_ERRORS:
+        return True
+    # SQLite: "database is locked", or "database table is locked" with a
+    # shared cache (in-memory test databases).
+    return "database is locked" in str(exc) or "database table is locked" in str(exc)
 
 
 # Prototypes of our own, so that ctypes.pythonapi's shared ones stay as they are.

@@ -4,20 +4,24 @@ The statement guard (``work``) asks two questions of the SQL that idempotent
 work sends:
 
 - on the records' database, ``ends_transaction``: does any statement in the
-  text start or end a transaction (on MySQL, commit it implicitly)? Then
-  part of the work would commit without its stored outcome.
+  text start or end a transaction (on MySQL, commit it implicitly, or run a
+  compound statement that may)? Then part of the work would commit without
+  its stored outcome.
 - on any other database, ``is_read``: is every statement in the text a read?
   Anything else would commit on its own.
 
 Both read the text with a small lexer per vendor: string literals (with or
 without backslash escapes), quoted identifiers, PostgreSQL's dollar quotes
 and nested comments, MySQL's ``#`` comments, ``--`` comments as each vendor
-ends them, MySQL's executable comments (``/*! ... */``, ``/*M! ... */``, whose
-SQL runs) and ``;`` between statements. Every statement of a multi-statement
-text is judged. Where a server setting changes how quotes read
-(``NO_BACKSLASH_ESCAPES`` and ``ANSI_QUOTES`` on MySQL,
-``standard_conforming_strings`` on PostgreSQL), the text is read every way
-the setting allows and judged by the strictest reading.
+ends them, MySQL's executable comments (``/*! ... */``, whose SQL runs, and
+the conditional ``/*!50700 ... */`` and ``/*M! ... */``, which run on some
+servers only) and ``;`` between statements. Every statement of a
+multi-statement text is judged, and statements that carry another (``SET
+STATEMENT ... FOR``, ``EXPLAIN``, MariaDB's ``ANALYZE``, ``EXECUTE
+IMMEDIATE``) are judged by what they carry. Where the reading depends on the
+server (its quoting settings, unless the driver reports them; whether it
+runs a conditional comment), the text is read every way it may be and
+judged by the strictest reading.
 
 A text the lexer need not read takes a fast path: one statement (no ``;``
 anywhere) whose first word alone decides, as every statement Django's ORM
@@ -27,6 +31,7 @@ writes does. Measured in ``benchmarks/statement_guard.py``.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -49,28 +54,37 @@ Statement = list[Token]
 
 
 @dataclass(frozen=True)
-class Reading:
-    """One way a vendor's server may read quotes."""
+class Quoting:
+    """How a server session reads quotes."""
 
-    vendor: str
-    # Whether a backslash escapes the next character in '...' strings.
+    # Whether a backslash escapes the next character in '...' strings
+    # (MySQL without NO_BACKSLASH_ESCAPES; PostgreSQL with
+    # standard_conforming_strings off).
     backslash: bool
     # On MySQL: whether "..." is an identifier (ANSI_QUOTES), so a backslash
     # does not escape inside it.
     ansi_quotes: bool = False
 
 
-READINGS: dict[str, tuple[Reading, ...]] = {
-    "postgresql": (
-        Reading("postgresql", backslash=False),  # standard_conforming_strings = on
-        Reading("postgresql", backslash=True),
-    ),
+@dataclass(frozen=True)
+class Reading:
+    """One way a server may read a text."""
+
+    vendor: str
+    quoting: Quoting
+    # On MySQL: whether the conditional executable comments (/*!NNNNN ...*/,
+    # /*M! ... */) run. Which do depends on the server's make and version.
+    conditional_comments_run: bool = True
+
+
+QUOTINGS: dict[str, tuple[Quoting, ...]] = {
+    "postgresql": (Quoting(backslash=False), Quoting(backslash=True)),
     "mysql": (
-        Reading("mysql", backslash=True),  # the default SQL mode
-        Reading("mysql", backslash=False),  # NO_BACKSLASH_ESCAPES
-        Reading("mysql", backslash=True, ansi_quotes=True),
+        Quoting(backslash=True),  # the default SQL mode
+        Quoting(backslash=False),  # NO_BACKSLASH_ESCAPES
+        Quoting(backslash=True, ansi_quotes=True),
     ),
-    "sqlite": (Reading("sqlite", backslash=False),),
+    "sqlite": (Quoting(backslash=False),),
 }
 
 
@@ -83,14 +97,13 @@ def _quoted(quote: str, backslash: bool) -> str:
 
 
 @functools.cache
-def _token_pattern(reading: Reading) -> re.Pattern[str]:
-    vendor = reading.vendor
-    quoted = [_quoted("'", reading.backslash)]
+def _token_pattern(vendor: str, quoting: Quoting) -> re.Pattern[str]:
+    quoted = [_quoted("'", quoting.backslash)]
     if vendor == "postgresql":
         quoted.insert(0, "[eE]" + _quoted("'", True))  # E'...' always escapes
         quoted.append(_quoted('"', False))
     elif vendor == "mysql":
-        quoted.append(_quoted('"', reading.backslash and not reading.ansi_quotes))
+        quoted.append(_quoted('"', quoting.backslash and not quoting.ansi_quotes))
         quoted.append(_quoted("`", False))
     else:
         quoted += [_quoted('"', False), _quoted("`", False), r"\[[^\]]*(?:\]|\Z)"]
@@ -120,7 +133,10 @@ def _token_pattern(reading: Reading) -> re.Pattern[str]:
     return re.compile(r"\s*(?:" + "|".join(parts) + ")", re.DOTALL)
 
 
-_EXECUTABLE_COMMENT = re.compile(r"/\*M?!\d*")
+# MySQL's executable comments: /*!...*/ runs everywhere; /*!NNNNN ...*/ only
+# on servers whose version is at least NNNNN (MariaDB skips 5.7 and later
+# MySQL versions), /*M!...*/ only on MariaDB.
+_EXECUTABLE_COMMENT = re.compile(r"/\*(M?)!(\d*)")
 
 
 def _block_end(sql: str, start: int, nested: bool) -> int:
@@ -140,10 +156,10 @@ def _block_end(sql: str, start: int, nested: bool) -> int:
 
 def tokens(sql: str, reading: Reading) -> Iterator[Token]:
     """The text's tokens, comments and whitespace left out."""
-    pattern = _token_pattern(reading)
+    pattern = _token_pattern(reading.vendor, reading.quoting)
     mysql = reading.vendor == "mysql"
     depth, i, n = 0, 0, len(sql)
-    executable = False  # inside MySQL's /*! ... */, whose SQL runs
+    executable = False  # inside an executable comment that runs
     while i < n:
         match = pattern.match(sql, i)
         assert match is not None and match.lastgroup is not None  # "punct" matches anything
@@ -153,8 +169,9 @@ def tokens(sql: str, reading: Reading) -> Iterator[Token]:
         start = match.start(kind)
         text = sql[start:i]
         if kind == "block":
-            opening = _EXECUTABLE_COMMENT.match(sql, start) if mysql else None
-            if opening is not None and not executable:
+            opening = _EXECUTABLE_COMMENT.match(sql, start) if mysql and not executable else None
+            conditional = opening is not None and bool(opening.group(1) or opening.group(2))
+            if opening is not None and (reading.conditional_comments_run or not conditional):
                 executable, i = True, opening.end()
             else:
                 i = _block_end(sql, start, nested=reading.vendor == "postgresql")
@@ -215,6 +232,82 @@ def _words(statement: Statement) -> list[str]:
     return [t.text for t in statement if t.kind == WORD]
 
 
+# -- statements that carry another ------------------------------------------------
+
+# The statements an EXPLAIN, an ANALYZE or a SET STATEMENT ... FOR may carry.
+_STATEMENT_STARTS = frozenset(
+    {"SELECT", "INSERT", "UPDATE", "DELETE", "REPLACE", "MERGE", "WITH", "VALUES", "TABLE"}
+)
+# EXPLAIN's and MariaDB ANALYZE's options before the statement they carry.
+_EXPLAIN_OPTIONS = frozenset(
+    {"ANALYZE", "ANALYSE", "VERBOSE", "EXTENDED", "PARTITIONS", "QUERY", "PLAN"}
+)
+_ANALYZE = frozenset({"ANALYZE", "ANALYSE"})
+
+
+def _carried(statement: Statement) -> tuple[Statement, Statement]:
+    """An EXPLAIN's (or MariaDB ANALYZE's) options, and the statement it
+    carries: what follows its first word, a parenthesised option list,
+    option words and ``FORMAT=...``."""
+    index, n = 1, len(statement)
+    while index < n:
+        token = statement[index]
+        if token.kind == PUNCT and token.text == "(" and token.depth == 0:
+            index += 1
+            while index < n and statement[index].depth > 0:
+                index += 1
+            index += 1  # the closing parenthesis
+        elif token.kind == WORD and token.text in _EXPLAIN_OPTIONS:
+            index += 1
+        elif token.kind == WORD and token.text == "FORMAT":
+            index += 1
+            if index < n and statement[index].kind == PUNCT and statement[index].text == "=":
+                index += 1
+            index += 1  # the format's name
+        else:
+            break
+    return statement[:index], statement[index:]
+
+
+def _analyzes(options: Statement) -> bool:
+    """Whether the options run the statement (``ANALYZE``, ``ANALYSE``,
+    spelt as a word or a quoted name): then the statement decides."""
+    return any(t.kind in (WORD, QUOTED) and t.text.upper() in _ANALYZE for t in options)
+
+
+def _after_for(statement: Statement) -> Statement | None:
+    """The statement MariaDB's ``SET STATEMENT var = value, ... FOR`` runs."""
+    for index, token in enumerate(statement):
+        if token.kind == WORD and token.text == "FOR" and token.depth == 0:
+            return statement[index + 1 :]
+    return None
+
+
+# MySQL's compound statements, which MariaDB runs outside stored programs
+# (BEGIN NOT ATOMIC ... END, IF, CASE, LOOP, REPEAT, WHILE, FOR, a label), and
+# the words that continue one after a ";": they hold statements the guard
+# cannot judge one by one.
+_MYSQL_COMPOUND = frozenset(
+    {
+        *("IF", "CASE", "LOOP", "REPEAT", "WHILE", "FOR", "UNTIL", "ELSE", "ELSEIF"),
+        *("WHEN", "ITERATE", "LEAVE", "DECLARE", "RETURN"),
+    }
+)
+
+
+def _compound(statement: Statement) -> bool:
+    """A MySQL compound statement (or a part of one), or a labelled one."""
+    first = statement[0]
+    if first.kind != WORD:
+        return False
+    if first.text in _MYSQL_COMPOUND:
+        return True
+    second = statement[1] if len(statement) > 1 else None
+    if first.text == "BEGIN" and second is not None and second.text == "NOT":
+        return True
+    return second is not None and second.kind == PUNCT and second.text == ":"
+
+
 # -- what ends the transaction ---------------------------------------------------
 
 # Statements that start or end a transaction, on every vendor. (PostgreSQL
@@ -234,24 +327,6 @@ _MYSQL_IMPLICIT_COMMIT = frozenset(
 )
 # What follows ANALYZE or CHECK in MySQL's table maintenance statements.
 _TABLE_FORMS = frozenset({"TABLE", "TABLES", "VIEW", "NO_WRITE_TO_BINLOG", "LOCAL", "PERSISTENT"})
-# The statements an ANALYZE, EXPLAIN or SET STATEMENT ... FOR may carry.
-_STATEMENT_STARTS = frozenset(
-    {"SELECT", "INSERT", "UPDATE", "DELETE", "REPLACE", "MERGE", "WITH", "VALUES", "TABLE"}
-)
-
-
-def _rest_from(statement: Statement, index: int) -> Statement:
-    return statement[index:]
-
-
-def _inner_statement(statement: Statement, after: int) -> Statement | None:
-    """The statement an EXPLAIN/ANALYZE/SET STATEMENT carries: from the first
-    word at the outer level, after ``after``, that can start one."""
-    for index in range(after, len(statement)):
-        token = statement[index]
-        if token.kind == WORD and token.depth == 0 and token.text in _STATEMENT_STARTS:
-            return _rest_from(statement, index)
-    return None
 
 
 def _ending(statement: Statement, reading: Reading) -> str | None:
@@ -270,25 +345,27 @@ def _ending(statement: Statement, reading: Reading) -> str | None:
         return "PREPARE TRANSACTION"
     if vendor != "mysql":
         return None
+    if _compound(statement):
+        return "a compound statement"
     if first in ("CREATE", "DROP") and "TEMPORARY" in words[1:4]:
         return None
     if first in _MYSQL_IMPLICIT_COMMIT:
         return first
     if first in ("ANALYZE", "CHECK"):
-        inner = None if second in _TABLE_FORMS else _inner_statement(statement, 1)
-        if inner is None:
+        _, carried = _carried(statement)
+        if second in _TABLE_FORMS or not carried:
             return f"{first} {second}".strip()  # ANALYZE TABLE, CHECK TABLE, CHECK VIEW
-        return _ending(inner, reading)  # MariaDB's ANALYZE SELECT runs the SELECT
+        return _ending(carried, reading)  # MariaDB's ANALYZE SELECT runs the SELECT
     if first == "LOAD" and second == "INDEX":
         return "LOAD INDEX"
     if first == "SET":
         if second == "PASSWORD":
             return "SET PASSWORD"
+        if second == "STATEMENT":
+            runs = _after_for(statement)
+            return None if not runs else _ending(runs, reading)
         if "AUTOCOMMIT" in words:  # @@autocommit, SESSION autocommit, not @autocommit
             return "SET autocommit"
-        if second == "STATEMENT":
-            inner = _inner_statement(statement, 2)
-            return None if inner is None else _ending(inner, reading)
         return None
     if first == "EXECUTE" and second == "IMMEDIATE":
         return _ending_in_literal(statement, reading, "EXECUTE IMMEDIATE")
@@ -303,10 +380,11 @@ def _ending_in_literal(statement: Statement, reading: Reading, what: str) -> str
     literals = [t.text for t in statement if t.kind == QUOTED and t.depth == 0]
     if len(literals) != 1 or any(t.kind == VARIABLE for t in statement):
         return f"{what} of SQL the guard cannot read"
-    for inner in split(literals[-1], reading):
-        ending = _ending(inner, reading)
-        if ending is not None:
-            return ending
+    for each in _readings(literals[-1], reading.vendor, None):
+        for inner in split(literals[-1], each):
+            ending = _ending(inner, each)
+            if ending is not None:
+                return ending
     return None
 
 
@@ -322,9 +400,7 @@ _NO_DATA = frozenset(
 )
 # Statements that change data, wherever they start: at the beginning, or
 # after "(" (a data-modifying CTE, a subquery).
-_WRITES = frozenset(
-    {"INSERT", "UPDATE", "DELETE", "MERGE", "REPLACE", "UPSERT", "COPY", "CALL", "DO"}
-)
+_WRITES = frozenset({"INSERT", "UPDATE", "DELETE", "MERGE", "REPLACE", "UPSERT", "COPY", "CALL"})
 
 
 def _is_read(statement: Statement, reading: Reading) -> bool:
@@ -332,59 +408,42 @@ def _is_read(statement: Statement, reading: Reading) -> bool:
     if not words:
         return True
     first = words[0].text
+    second = words[1].text if len(words) > 1 else ""
+    vendor = reading.vendor
+    if vendor == "mysql" and _compound(statement):
+        return False
+    if first == "SET" and second == "STATEMENT":
+        carried = _after_for(statement)
+        return carried is not None and _is_read(carried, reading)
     if first in _NO_DATA:
-        return not (first == "SET" and _second(words) == "PASSWORD")
-    if first in ("EXPLAIN", "DESCRIBE", "DESC") and _second(words) != "":
+        return not (first == "SET" and second == "PASSWORD")
+    if first in ("EXPLAIN", "DESCRIBE", "DESC") or (first == "ANALYZE" and vendor == "mysql"):
         return _explained_is_read(statement, reading)
-    if first == "ANALYZE" and reading.vendor == "mysql":
-        # MariaDB's ANALYZE <statement> runs it; ANALYZE TABLE writes statistics.
-        inner = None if _second(words) in _TABLE_FORMS else _inner_statement(statement, 1)
-        return inner is not None and _is_read(inner, reading)
     if first == "COPY":
         return _copies_out(statement, reading)
     if first == "PRAGMA":
         return _pragma_asks(statement)
+    if first == "DO":
+        # MySQL's DO evaluates expressions, as a SELECT does (a function that
+        # writes is not covered either way); PostgreSQL's runs a code block.
+        return vendor == "mysql" and not _writes_inside(statement, reading)
     if first not in _READ_STARTS and not (statement[0].kind == PUNCT and statement[0].text == "("):
         return False
     return not _writes_inside(statement, reading)
 
 
-def _copies_out(statement: Statement, reading: Reading) -> bool:
-    """PostgreSQL's COPY ... TO STDOUT reads (a query's rows, or a table's);
-    COPY ... FROM writes, and COPY ... TO a file or program acts outside."""
-    outer = [t.text for t in statement if t.kind == WORD and t.depth == 0]
-    if "FROM" in outer or "TO" not in outer:
-        return False
-    following = outer[outer.index("TO") + 1 : outer.index("TO") + 2]
-    return following == ["STDOUT"] and not _writes_inside(statement[1:], reading)
-
-
-# SQLite pragmas that take an argument in parentheses only to ask about it
-# (the same form sets others: journal_mode(WAL)), and those that act unasked.
-_ASKING_PRAGMAS = frozenset(
-    {
-        *("TABLE_INFO", "TABLE_XINFO", "TABLE_LIST", "INDEX_LIST", "INDEX_INFO"),
-        *("INDEX_XINFO", "FOREIGN_KEY_LIST", "FOREIGN_KEY_CHECK", "INTEGRITY_CHECK"),
-        "QUICK_CHECK",
-    }
-)
-_ACTING_PRAGMAS = frozenset({"OPTIMIZE", "INCREMENTAL_VACUUM", "WAL_CHECKPOINT", "SHRINK_MEMORY"})
-
-
-def _pragma_asks(statement: Statement) -> bool:
-    """A PRAGMA that sets nothing: no "=", and either no argument (unless it
-    acts by itself) or an argument to a pragma that only asks."""
-    if any(t.kind == PUNCT and t.text == "=" for t in statement):
-        return False
-    names = [t for t in statement if t.kind == WORD and t.depth == 0]
-    name = names[-1].text if names else ""
-    if any(t.kind == PUNCT and t.text == "(" for t in statement):
-        return name in _ASKING_PRAGMAS
-    return name not in _ACTING_PRAGMAS
-
-
-def _second(words: list[Token]) -> str:
-    return words[1].text if len(words) > 1 else ""
+def _explained_is_read(statement: Statement, reading: Reading) -> bool:
+    """EXPLAIN and DESCRIBE only plan a statement, unless they ANALYZE it
+    (PostgreSQL's EXPLAIN ANALYZE and MySQL's run it), as MariaDB's ANALYZE
+    <statement> does: then the statement decides. MariaDB's ANALYZE TABLE
+    writes statistics."""
+    first = statement[0].text
+    options, carried = _carried(statement)
+    if first == "ANALYZE":
+        return bool(carried) and carried[0].text not in _TABLE_FORMS and _is_read(carried, reading)
+    if not carried or not _analyzes(options):
+        return True  # a plan, DESCRIBE table, EXPLAIN FOR CONNECTION ...
+    return _is_read(carried, reading)
 
 
 def _writes_inside(statement: Statement, reading: Reading) -> bool:
@@ -425,16 +484,38 @@ def _into_writes(statement: Statement, index: int, reading: Reading) -> bool:
     )
 
 
-def _explained_is_read(statement: Statement, reading: Reading) -> bool:
-    """EXPLAIN only plans a statement, unless it ANALYZEs it (PostgreSQL's
-    EXPLAIN ANALYZE and MySQL's run it): then the statement decides."""
-    inner = _inner_statement(statement, 1)
-    if inner is None:
-        return True  # DESCRIBE table, EXPLAIN FOR CONNECTION, SQLite's QUERY PLAN ...
-    options = statement[: len(statement) - len(inner)]
-    if not any(t.kind == WORD and t.text == "ANALYZE" for t in options):
-        return True
-    return _is_read(inner, reading)
+def _copies_out(statement: Statement, reading: Reading) -> bool:
+    """PostgreSQL's COPY ... TO STDOUT reads (a query's rows, or a table's);
+    COPY ... FROM writes, and COPY ... TO a file or program acts outside."""
+    outer = [t.text for t in statement if t.kind == WORD and t.depth == 0]
+    if "FROM" in outer or "TO" not in outer:
+        return False
+    following = outer[outer.index("TO") + 1 : outer.index("TO") + 2]
+    return following == ["STDOUT"] and not _writes_inside(statement[1:], reading)
+
+
+# SQLite pragmas that take an argument in parentheses only to ask about it
+# (the same form sets others: journal_mode(WAL)), and those that act unasked.
+_ASKING_PRAGMAS = frozenset(
+    {
+        *("TABLE_INFO", "TABLE_XINFO", "TABLE_LIST", "INDEX_LIST", "INDEX_INFO"),
+        *("INDEX_XINFO", "FOREIGN_KEY_LIST", "FOREIGN_KEY_CHECK", "INTEGRITY_CHECK"),
+        "QUICK_CHECK",
+    }
+)
+_ACTING_PRAGMAS = frozenset({"OPTIMIZE", "INCREMENTAL_VACUUM", "WAL_CHECKPOINT", "SHRINK_MEMORY"})
+
+
+def _pragma_asks(statement: Statement) -> bool:
+    """A PRAGMA that sets nothing: no "=", and either no argument (unless it
+    acts by itself) or an argument to a pragma that only asks."""
+    if any(t.kind == PUNCT and t.text == "=" for t in statement):
+        return False
+    names = [t for t in statement if t.kind == WORD and t.depth == 0]
+    name = names[-1].text if names else ""
+    if any(t.kind == PUNCT and t.text == "(" for t in statement):
+        return name in _ASKING_PRAGMAS
+    return name not in _ACTING_PRAGMAS
 
 
 # -- the two questions ------------------------------------------------------------
@@ -448,6 +529,8 @@ _FAST_KEEPS_TRANSACTION = frozenset(
 # aside, which the lexer reads).
 _FAST_READ = frozenset({"SELECT", "SAVEPOINT", "RELEASE"})
 _INTO = re.compile("into", re.IGNORECASE)
+# A text that may change how its own later statements are quoted.
+_QUOTING_SETTINGS = re.compile("sql_mode|standard_conforming_strings", re.IGNORECASE)
 
 
 def _fast_word(sql: str) -> str | None:
@@ -457,13 +540,34 @@ def _fast_word(sql: str) -> str | None:
     return match.group(1).upper() if match else None
 
 
-def ends_transaction(sql: str, vendor: str) -> str | None:
+# The session's quoting as the driver reports it (asked only when a text
+# needs the lexer), or None when it cannot say.
+SessionQuoting = Callable[[], Quoting | None] | None
+
+
+def _readings(sql: str, vendor: str, session: SessionQuoting) -> Iterator[Reading]:
+    """Every way the server may read this text: in the session's quoting
+    when the driver reports it and the text cannot change it (every quoting
+    otherwise, but for a text without a backslash, which every quoting reads
+    alike), with MySQL's conditional comments run and not run when it holds
+    one."""
+    quoting = None if session is None or _QUOTING_SETTINGS.search(sql) else session()
+    if quoting is not None:
+        quotings: tuple[Quoting, ...] = (quoting,)
+    else:
+        quotings = QUOTINGS[vendor] if "\\" in sql else QUOTINGS[vendor][:1]
+    conditional = vendor == "mysql" and "/*" in sql
+    for each, runs in itertools.product(quotings, (True, False) if conditional else (True,)):
+        yield Reading(vendor, each, conditional_comments_run=runs)
+
+
+def ends_transaction(sql: str, vendor: str, quoting: SessionQuoting = None) -> str | None:
     """What in ``sql`` starts or ends the transaction it runs in (on MySQL,
-    commits it implicitly), or None when nothing does, however the server's
-    settings read its quotes."""
+    commits it implicitly, or may), or None when nothing does, however the
+    server reads it."""
     if _fast_word(sql) in _FAST_KEEPS_TRANSACTION:
         return None
-    for reading in _readings(sql, vendor):
+    for reading in _readings(sql, vendor, quoting):
         for statement in split(sql, reading):
             ending = _ending(statement, reading)
             if ending is not None:
@@ -471,32 +575,28 @@ def ends_transaction(sql: str, vendor: str) -> str | None:
     return None
 
 
-def is_read(sql: str, vendor: str) -> bool:
-    """Whether every statement in ``sql`` only reads, however the server's
-    settings read its quotes.
+def is_read(sql: str, vendor: str, quoting: SessionQuoting = None) -> bool:
+    """Whether every statement in ``sql`` only reads, however the server
+    reads it.
 
     The rule: a statement is a read when it starts with SELECT, VALUES,
     TABLE, SHOW, DESCRIBE, EXPLAIN (unless it analyzes a statement that is
     not a read), WITH or a parenthesis, and nothing in it starts a statement
-    that changes data (INSERT, UPDATE, DELETE, MERGE, REPLACE, COPY, CALL,
-    DO) nor selects INTO a table or file; or when it changes no data
-    (transaction control, savepoints, SET, a PRAGMA that only asks). Any
-    other statement is not a read, whatever it is.
+    that changes data (INSERT, UPDATE, DELETE, MERGE, REPLACE, COPY, CALL)
+    nor selects INTO a table or file; or when it changes no data
+    (transaction control, savepoints, SET, a PRAGMA that only asks, MySQL's
+    DO). A statement that carries another (SET STATEMENT ... FOR, EXPLAIN
+    ANALYZE, MariaDB's ANALYZE) is what it carries. Any other statement is
+    not a read, whatever it is: PostgreSQL's DO blocks and MySQL's compound
+    statements included.
     """
     if _fast_word(sql) in _FAST_READ and not _INTO.search(sql):
         return True
     return all(
         _is_read(statement, reading)
-        for reading in _readings(sql, vendor)
+        for reading in _readings(sql, vendor, quoting)
         for statement in split(sql, reading)
     )
-
-
-def _readings(sql: str, vendor: str) -> tuple[Reading, ...]:
-    """The readings that may differ for this text: without a backslash in
-    it, every reading of a vendor's quotes tokenizes it alike."""
-    readings = READINGS[vendor]
-    return readings if "\\" in sql else readings[:1]
 
 
 def as_text(sql: object, render: Callable[[Any], str] | None = None) -> str | None:

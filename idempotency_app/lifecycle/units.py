@@ -51,8 +51,8 @@ from idempotency_app.lifecycle.claims import (
     Replay,
     claim,
     in_transaction,
-    is_lock_conflict,
 )
+from idempotency_app.lifecycle.drivers import is_lock_conflict
 from idempotency_app.lifecycle.work import UnitAtomic
 from idempotency_app.store import Identity, StoredResponse
 

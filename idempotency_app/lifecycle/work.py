@@ -91,6 +91,9 @@ class _WorkState:
         # The transaction has been seen open: seen closed from now on, it ended.
         self.started = False
         self.ended: TransactionEnded | None = None
+        # The statement Django's execute wrapper is judging, which the
+        # driver's cursor it reaches need not judge again.
+        self.judging: Any = None
         self.observe()
 
     def observe(self) -> None:
@@ -111,12 +114,23 @@ class _WorkState:
             )
             raise self.ended
 
-    def after_error(self) -> None:
-        """A failed statement that closed the transaction (a deadlock on
-        MySQL) made the server roll it back: nothing of it committed, and
-        the statements after it start anew."""
-        if self.transaction_open is not None and self.transaction_open() is False:
-            self.started = False
+    def after_error(self, exc: DatabaseError) -> None:
+        """After a failed statement. A deadlock or a lock timeout that closed
+        the transaction is the server's rollback: nothing of it committed,
+        and the statements after it start anew. On MySQL any other error may
+        follow an implicit commit (DDL that then failed), and an error reply
+        carries no status: the driver is asked again, and a closed
+        transaction means part of the work may have committed."""
+        if self.transaction_open is None:
+            return
+        if drivers.is_lock_conflict(exc):
+            if self.vendor == "mysql" or self.transaction_open() is False:
+                self.started = False
+            return
+        if self.vendor == "mysql":
+            drivers.refresh_status(connections[self.using])
+        with contextlib.suppress(TransactionEnded):
+            self.observe()
 
 
 # The work running in this context; None outside any work.
@@ -146,11 +160,8 @@ def confined(identity: Identity, using: str) -> Iterator[None]:
     reset = _work.set(state)
     try:
         with contextlib.ExitStack() as stack:
-            stack.enter_context(connections[using].execute_wrapper(_records_guard(state)))
             for alias in settings.DATABASES:
-                if alias != using:
-                    wrapper = _other_database_guard(state, alias)
-                    stack.enter_context(connections[alias].execute_wrapper(wrapper))
+                stack.enter_context(connections[alias].execute_wrapper(_guard(state, alias)))
             try:
                 yield
             except BaseException as exc:
@@ -181,62 +192,64 @@ def by_the_library() -> Iterator[None]:
         _suspended.reset(reset)
 
 
-def _text(sql: Any, context: dict[str, Any]) -> str | None:
-    cursor = context["cursor"].cursor
-    return statements.as_text(sql, lambda composed: composed.as_string(cursor))
+def _judged(state: _WorkState, alias: str, sql: Any, cursor: Any, run: Callable[[], Any]) -> Any:
+    """Judge ``sql`` before ``run`` sends it to ``alias``: on the records'
+    database, refuse what would start or end the work's transaction, ask
+    the driver before and after whether it is still open, and mark the
+    transaction for rollback when the statement fails; on any other, refuse
+    what is not a read."""
+    connection = connections[alias]
+    text = statements.as_text(sql, lambda composed: composed.as_string(cursor))
+    vendor = connection.vendor
+    quoting = functools.partial(drivers.quoting, connection)
+    if alias != state.using:
+        if text is None or not statements.is_read(text, vendor, quoting):
+            raise _refuse(_not_a_read(state, alias))
+        return run()
+    state.observe()  # ended since the last statement, by a path no wrapper sees
+    ending = None if text is None else statements.ends_transaction(text, vendor, quoting)
+    if ending is not None:
+        raise _refuse(_ends(ending))
+    try:
+        result = run()
+    except Exception as exc:
+        if isinstance(exc, DatabaseError):
+            state.after_error(exc)
+        with transaction.mark_for_rollback_on_error(alias):
+            raise  # marked for rollback even if the work catches it
+    state.observe()
+    return result
 
 
-def _records_guard(state: _WorkState) -> Callable[..., Any]:
-    using, vendor = state.using, state.vendor
+def _guard(state: _WorkState, alias: str) -> Callable[..., Any]:
+    """The execute wrapper of ``alias`` while the work runs."""
 
     def guard(execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any) -> Any:
         if _suspended.get():
             return execute(sql, params, many, context)
-        state.observe()  # ended since the last statement, by a path no wrapper sees
-        _refuse_ending(_text(sql, context), vendor)
+        state.judging = sql  # the raw cursor it reaches judges it no more
         try:
-            result = execute(sql, params, many, context)
-        except Exception as exc:
-            if isinstance(exc, DatabaseError):
-                state.after_error()
-            with transaction.mark_for_rollback_on_error(using):
-                raise  # marked for rollback even if the work catches it
-        state.observe()
-        return result
+            run = functools.partial(execute, sql, params, many, context)
+            return _judged(state, alias, sql, context["cursor"].cursor, run)
+        finally:
+            state.judging = None
 
     return guard
 
 
-def _refuse_ending(text: str | None, vendor: str) -> None:
-    """Refuse a statement that would start or end the work's transaction. A
-    text the guard cannot read is left to the driver's report."""
-    ending = None if text is None else statements.ends_transaction(text, vendor)
-    if ending is not None:
-        raise _refuse(
-            f"The work sent {ending}, which starts or ends the transaction that must also "
-            "store its outcome (on MySQL, DDL, LOCK TABLES, CHECK and ANALYZE TABLE and SET "
-            "autocommit commit it implicitly, and a procedure called with CALL may COMMIT): "
-            "part of the work would commit without it, and run again on a retry. Run schema "
-            "changes, stored procedures and transaction control outside idempotent work, or "
-            "write the procedure's statements in the work itself."
-        )
+def _ends(ending: str) -> str:
+    return (
+        f"The work sent {ending}, which starts or ends the transaction that must also store "
+        "its outcome (on MySQL, DDL, LOCK TABLES, CHECK and ANALYZE TABLE and SET autocommit "
+        "commit it implicitly, and a procedure called with CALL, or a compound statement, may "
+        "COMMIT): part of the work would commit without it, and run again on a retry. Run "
+        "schema changes, stored procedures and transaction control outside idempotent work, "
+        "or write the procedure's statements in the work itself."
+    )
 
 
-def _other_database_guard(state: _WorkState, alias: str) -> Callable[..., Any]:
-    vendor = connections[alias].vendor
-
-    def guard(execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any) -> Any:
-        if not _suspended.get():
-            _refuse_unless_read(state, alias, _text(sql, context), vendor)
-        return execute(sql, params, many, context)
-
-    return guard
-
-
-def _refuse_unless_read(state: _WorkState, alias: str, text: str | None, vendor: str) -> None:
-    if text is not None and statements.is_read(text, vendor):
-        return
-    raise _refuse(
+def _not_a_read(state: _WorkState, alias: str) -> str:
+    return (
         f"Work under the idempotency key {state.identity.key!r} sent a statement to database "
         f"{alias!r} that is not a read, but its outcome is stored on {state.using!r}: the "
         "two cannot commit together, so a crash between them could run the work twice. Write "
@@ -248,39 +261,60 @@ def _refuse_unless_read(state: _WorkState, alias: str, text: str | None, vendor:
     )
 
 
-def _judge(alias: str, sql: Any, cursor: Any) -> None:
-    """Judge SQL that a raw cursor runs outside Django's execute wrappers."""
-    state = _work.get()
-    if state is None or _suspended.get():
-        return
-    text = statements.as_text(sql, lambda composed: composed.as_string(cursor))
-    vendor = connections[alias].vendor
-    if alias == state.using:
-        state.observe()
-        _refuse_ending(text, vendor)
-    else:
-        _refuse_unless_read(state, alias, text, vendor)
+# -- SQL sent through a driver's cursor, past Django's execute wrappers ------------
 
 
 def guard_raw_cursors(sender: Any, connection: Any, **kwargs: Any) -> None:
-    """``connection_created`` receiver: psycopg 3 cursors whose ``copy()``
-    and ``stream()``, which no execute wrapper sees, are judged like
-    ``execute()`` while work runs."""
-    if connection.vendor != "postgresql":
-        return
-    factory = getattr(connection.connection, "cursor_factory", None)
-    if factory is not None and hasattr(factory, "copy") and hasattr(factory, "stream"):
-        connection.connection.cursor_factory = _guarded_cursor(factory, connection.alias)
+    """``connection_created`` receiver: the cursors a PostgreSQL (psycopg 3)
+    or MySQL (mysqlclient) connection makes judge what they run while work
+    runs, as Django's execute wrappers do: ``execute()`` and
+    ``executemany()`` reached past Django's cursor, psycopg's ``copy()`` and
+    ``stream()``, mysqlclient's ``callproc()``."""
+    raw = connection.connection
+    if connection.vendor == "postgresql":
+        factory = getattr(raw, "cursor_factory", None)
+        if factory is not None and hasattr(factory, "copy") and hasattr(factory, "stream"):
+            raw.cursor_factory = _guarded_cursor(factory, connection.alias, _PSYCOPG_METHODS)
+    elif connection.vendor == "mysql":
+        factory = getattr(raw, "cursorclass", None)
+        if factory is not None and hasattr(factory, "callproc"):
+            raw.cursorclass = _guarded_cursor(factory, connection.alias, _MYSQLDB_METHODS)
+
+
+# Each cursor method that runs SQL, and the SQL it runs from its arguments.
+def _first(sql: Any, *args: Any, **kwargs: Any) -> Any:
+    return sql
+
+
+_PSYCOPG_METHODS = (
+    ("execute", _first),
+    ("executemany", _first),
+    ("copy", _first),
+    ("stream", _first),
+)
+_MYSQLDB_METHODS = (
+    ("execute", _first),
+    ("executemany", _first),
+    ("callproc", lambda procname, *args, **kwargs: f"CALL {procname}"),
+)
 
 
 @functools.cache
-def _guarded_cursor(base: type[Any], alias: str) -> type[Any]:
-    def copy(self: Any, statement: Any, *args: Any, **kwargs: Any) -> Any:
-        _judge(alias, statement, self)
-        return base.copy(self, statement, *args, **kwargs)
+def _guarded_cursor(
+    base: type[Any], alias: str, methods: tuple[tuple[str, Callable[..., Any]], ...]
+) -> type[Any]:
+    def judging(name: str, sql_of: Callable[..., Any]) -> Callable[..., Any]:
+        original = getattr(base, name)
 
-    def stream(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        _judge(alias, query, self)
-        return base.stream(self, query, *args, **kwargs)
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            state = _work.get()
+            call = functools.partial(original, self, *args, **kwargs)
+            sql = sql_of(*args, **kwargs)
+            if state is None or _suspended.get() or (sql is state.judging and sql is not None):
+                return call()
+            return _judged(state, alias, sql, self, call)
 
-    return type(base.__name__, (base,), {"copy": copy, "stream": stream, "__module__": __name__})
+        return method
+
+    namespace = {name: judging(name, sql_of) for name, sql_of in methods}
+    return type(base.__name__, (base,), {**namespace, "__module__": __name__})

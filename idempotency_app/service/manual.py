@@ -16,8 +16,8 @@ from idempotency_app.lifecycle.claims import (
     Policy,
     Replay,
     in_transaction,
-    is_lock_conflict,
 )
+from idempotency_app.lifecycle.drivers import is_lock_conflict
 from idempotency_app.service.results import (
     TASK_STATUS,
     decode,

@@ -1,4 +1,4 @@
-"""A Celery app for the worker races (tests/test_celery.py): the recipe of
+"""A Celery app for the worker races (tests/service/test_celery.py): the recipe of
 docs/tasks.md ("Celery") as it stands there, on RabbitMQ or on Redis.
 
 A worker builds ``app`` from its environment: IDEMPOTENCY_TEST_CELERY_BROKER

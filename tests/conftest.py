@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -14,14 +15,36 @@ from idempotency_app import guard as guard_module
 from idempotency_app.models import IdempotencyRecord
 
 SERVER_DB = settings.DB != "sqlite"
-needs_server_db = pytest.mark.skipif(
-    not SERVER_DB,
-    reason="needs PostgreSQL or MariaDB: set IDEMPOTENCY_TEST_DB=postgres or mysql",
-)
-needs_redis = pytest.mark.skipif(
-    not settings.REDIS_URL,
-    reason="needs Redis: set IDEMPOTENCY_TEST_REDIS_URL=redis://127.0.0.1:6379/0",
-)
+
+# The services a test may need, each a marker (declared in pyproject.toml):
+# whether this run has it, and why the test is skipped when it has not.
+SERVICES: dict[str, tuple[bool, str]] = {
+    "server_db": (
+        SERVER_DB,
+        "needs PostgreSQL or MariaDB: set IDEMPOTENCY_TEST_DB=postgres or mysql",
+    ),
+    "postgresql": (settings.DB == "postgres", "needs PostgreSQL: set IDEMPOTENCY_TEST_DB=postgres"),
+    "mysql": (settings.DB == "mysql", "needs MariaDB or MySQL: set IDEMPOTENCY_TEST_DB=mysql"),
+    "redis": (
+        bool(settings.REDIS_URL),
+        "needs Redis: set IDEMPOTENCY_TEST_REDIS_URL=redis://127.0.0.1:6379/0",
+    ),
+    "faults": (
+        os.environ.get("IDEMPOTENCY_FAULT_TESTS") == "1",
+        "set IDEMPOTENCY_FAULT_TESTS=1 to run the fault-injection tests (they start their own "
+        "servers)",
+    ),
+}
+needs_server_db = pytest.mark.server_db
+needs_redis = pytest.mark.redis
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip, saying why, a test whose service this run does not have."""
+    for marker in item.iter_markers():
+        available, reason = SERVICES.get(marker.name, (True, ""))
+        if not available:
+            pytest.skip(reason)
 
 
 @pytest.fixture(autouse=True)

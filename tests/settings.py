@@ -124,7 +124,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_THROTTLE_RATES": {"burst": "3/minute"},
     # Views annotated with @extend_schema bind to it when they are defined.
-    "DEFAULT_SCHEMA_CLASS": "idempotency_app.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "idempotency_app.integrations.openapi.AutoSchema",
 }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 

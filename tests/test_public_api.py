@@ -76,3 +76,41 @@ def test_every_exception_has_one_root_and_keeps_its_base() -> None:
         value = getattr(idempotency_app, name, None)
         if inspect.isclass(value) and issubclass(value, Exception):
             assert value in raised, f"{name} is public but not in idempotency_app.exceptions"
+
+
+@pytest.mark.parametrize(
+    ("old", "name"),
+    [
+        ("idempotency_app.keys", "user_scope"),
+        ("idempotency_app.keys", "fingerprint"),
+        ("idempotency_app.work", "CannotBeAtomic"),
+        ("idempotency_app.openapi", "AutoSchema"),
+        ("idempotency_app.metrics", "OUTCOMES"),
+    ],
+)
+def test_a_module_that_moved_still_imports_with_a_warning(old: str, name: str) -> None:
+    """A settings string may name the old path ("SCOPE":
+    "idempotency_app.keys.user_scope"): it works for one more release."""
+    import importlib
+    import warnings
+
+    from django.utils.module_loading import import_string
+
+    if name == "AutoSchema":
+        pytest.importorskip("drf_spectacular", reason="needs drf-spectacular")
+    if name == "OUTCOMES":
+        pytest.importorskip("prometheus_client", reason="needs prometheus-client")
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to"):
+        module = importlib.import_module(old)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert import_string(f"{old}.{name}") is getattr(module, name)
+
+
+@pytest.mark.parametrize("name", ["encode", "decode", "make_identity", "LOOKUP_BATCH"])
+def test_service_names_that_became_internal_still_work_with_a_warning(name: str) -> None:
+    from idempotency_app import service
+
+    with pytest.warns(DeprecationWarning, match=f"idempotency_app.service.{name}"):
+        assert getattr(service, name) is not None

@@ -19,7 +19,7 @@ from rest_framework.response import Response
 
 import idempotency_app
 from benchmarks.benchproject.models import Charge, LedgerEntry
-from idempotency_app.decorators import idempotent
+from idempotency_app import idempotent
 
 
 @api_view(["POST"])

@@ -21,7 +21,7 @@ from rest_framework.response import Response
 from example_project.payments.models import Account, Charge
 from example_project.payments.serializers import ChargeSerializer
 from example_project.payments.views import simulated_delay
-from idempotency_app.decorators import idempotent
+from idempotency_app import idempotent
 
 
 @extend_schema(request=ChargeSerializer, responses={201: ChargeSerializer})

@@ -2,7 +2,7 @@
 protocol (``IdempotencySchemaMixin``, first) and the API's own errors.
 
 A project that only wants the protocol writes one line instead:
-``"DEFAULT_SCHEMA_CLASS": "idempotency_app.openapi.AutoSchema"``. This one
+``"DEFAULT_SCHEMA_CLASS": "idempotency_app.integrations.openapi.AutoSchema"``. This one
 also documents what DRF answers by itself (drf-spectacular leaves it out), so
 that every status the example sends is in its schema: 401 without
 credentials, 404 for an object that is not the user's, 400 for a body that

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from example_project.payments.models import ProviderPayment, Receipt
-from idempotency_app.service import idempotent_task
+from idempotency_app import idempotent_task
 
 try:
     from django.tasks import task

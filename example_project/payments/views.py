@@ -21,8 +21,7 @@ from example_project.payments.serializers import (
     ChargeSerializer,
     RefundSerializer,
 )
-from idempotency_app.decorators import idempotent
-from idempotency_app.mixins import IdempotentMixin
+from idempotency_app import IdempotentMixin, idempotent
 
 
 class AccountInUse(APIException):

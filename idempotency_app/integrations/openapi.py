@@ -2,7 +2,7 @@
 
 One line of settings, in place of drf-spectacular's own schema class::
 
-    REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "idempotency_app.openapi.AutoSchema"}
+    REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "idempotency_app.integrations.openapi.AutoSchema"}
 
 Each method an ``@idempotent`` handler or an ``IdempotentMixin`` view covers
 then documents, with no per-view work:

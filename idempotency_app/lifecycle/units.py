@@ -154,7 +154,7 @@ class Unit(Generic[T]):
             self.result = Executed(value, None)
             self.marked = isinstance(response, Marked)
             return
-        if connections[held.using].needs_rollback:
+        if transaction.get_rollback(using=held.using):
             self.failure = WorkRolledBack(held.key, value)
             return
         try:

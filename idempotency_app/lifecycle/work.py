@@ -54,7 +54,7 @@ class UnitAtomic(Atomic):
 
     Django refuses ``atomic(durable=True)`` directly inside another block by
     reading that block's ``_from_testcase`` (no public hook says a durable
-    block was asked for; ``tests/test_work.py`` fails loudly if Django stops
+    block was asked for; ``tests/lifecycle/test_work.py`` fails loudly if Django stops
     reading it); reading ours records the refusal, so work that swallows
     Django's RuntimeError still fails.
     """

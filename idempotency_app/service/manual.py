@@ -90,7 +90,7 @@ def complete_many(items: Iterable[tuple[Held, Any]]) -> list[Any]:
     using = pending[0][0].policy.using
     if any(held.policy.using != using for held, _ in pending):
         raise ValueError("complete_many() needs claims on one database.")
-    if connections[using].needs_rollback:
+    if connections[using].in_atomic_block and transaction.get_rollback(using=using):
         # The caller's transaction will roll back: storing now would report
         # a success that never commits.
         raise WorkRolledBack(pending[0][0].key)

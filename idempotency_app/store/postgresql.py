@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db import connections
+from django.db import connections, transaction
 
 from idempotency_app.store import base
 from idempotency_app.store.base import CLAIMED, Claimed, Existing, Identity
@@ -54,7 +54,8 @@ class Backend(base.Backend):
         row that another connection changed after its snapshot. A transaction
         already marked for rollback takes no statement: it commits nothing,
         so a connection of its own serves."""
-        if connections[self.using].needs_rollback:
+        connection = connections[self.using]
+        if connection.in_atomic_block and transaction.get_rollback(using=self.using):
             return False
         return self.isolation_level() not in ("read committed", "read uncommitted")
 

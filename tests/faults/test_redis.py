@@ -27,7 +27,8 @@ import time
 
 import pytest
 
-from tests import faults, servers
+from tests import servers
+from tests.faults import harness as faults
 
 pytestmark = faults.MARKS
 

@@ -388,7 +388,7 @@ def test_safe_methods_never_claim(api: APIClient, key: str) -> None:
 # -- MySQL character sets -----------------------------------------------------
 
 
-@pytest.mark.skipif(connection.vendor != "mysql", reason="MySQL/MariaDB connection charsets")
+@pytest.mark.mysql  # its connection charsets
 def test_a_narrow_mysql_connection_never_claims_a_mangled_key(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -410,7 +410,7 @@ def test_a_narrow_mysql_connection_never_claims_a_mangled_key(
         monkeypatch.undo()
 
 
-@pytest.mark.skipif(connection.vendor != "mysql", reason="MySQL/MariaDB data errors")
+@pytest.mark.mysql  # its data errors
 def test_a_mysql_data_error_on_claim_is_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """INSERT IGNORE would turn a value the column cannot hold into a
     warning and report the mangled key as claimed."""

@@ -30,7 +30,7 @@ from idempotency_app.store import Identity, StoredResponse
 from tests.conftest import claims, post
 from tests.testapp.models import Charge
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.test_replay")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.http.test_replay")]
 
 INVALID = {"raise": "validation"}
 JSON, HTML = "application/json", "text/html"

@@ -1,6 +1,6 @@
 """The statement guard's two rules, one table per vendor: what ends the
 work's transaction on the records' database, and what counts as a read on
-any other. Pure text: no database needed (tests/test_work.py runs them
+any other. Pure text: no database needed (tests/lifecycle/test_work.py runs them
 against real servers)."""
 
 from __future__ import annotations

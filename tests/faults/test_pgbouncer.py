@@ -33,7 +33,8 @@ import uuid
 
 import pytest
 
-from tests import faults, servers
+from tests import servers
+from tests.faults import harness as faults
 
 pytestmark = faults.MARKS
 

@@ -36,7 +36,8 @@ from typing import Any
 
 import pytest
 
-from tests import faults, servers
+from tests import servers
+from tests.faults import harness as faults
 
 pytestmark = faults.MARKS
 

@@ -33,7 +33,7 @@ from idempotency_app.models import IdempotencyRecord
 from tests.conftest import post
 from tests.testapp.models import Charge
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.test_identity")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.http.test_identity")]
 
 BODY = {"label": "a", "amount": 5}
 
@@ -182,7 +182,7 @@ def test_a_proxy_or_a_child_of_another_model_is_that_model(user: User, key: str)
             "django.contrib.auth.models.Group",
             id="unsaved-model",
         ),
-        pytest.param(TokenUser, "tests.test_identity.TokenUser", id="not-a-model"),
+        pytest.param(TokenUser, "tests.http.test_identity.TokenUser", id="not-a-model"),
     ],
 )
 def test_a_principal_that_cannot_be_identified_is_refused_and_logged(
@@ -224,7 +224,7 @@ def token_scope(request: Any) -> str | None:
 
 
 def test_a_custom_scope_identifies_custom_principals(key: str, db: Any) -> None:
-    with override_settings(IDEMPOTENCY={"SCOPE": "tests.test_identity.token_scope"}):
+    with override_settings(IDEMPOTENCY={"SCOPE": "tests.http.test_identity.token_scope"}):
         first = post(as_principal(TokenUser(7)), "/charges/", BODY, key)
         again = post(as_principal(TokenUser(7)), "/charges/", BODY, key)
         other = post(as_principal(TokenUser(8)), "/charges/", BODY, key)
@@ -253,7 +253,7 @@ def test_a_scope_spelled_like_another_scopes_hash_is_another_scope(
 ) -> None:
     long_tenant = "tenant:" + "x" * 300
     spelled_like_it = keys.bounded(long_tenant)  # "sha256:<hex>", short enough to keep
-    with override_settings(IDEMPOTENCY={"SCOPE": "tests.test_identity.tenant_scope"}):
+    with override_settings(IDEMPOTENCY={"SCOPE": "tests.http.test_identity.tenant_scope"}):
         first = post(api, "/charges/", BODY, key, HTTP_X_TENANT=long_tenant)
         second = post(api, "/charges/", BODY, key, HTTP_X_TENANT=spelled_like_it)
         again = post(api, "/charges/", BODY, key, HTTP_X_TENANT=spelled_like_it)

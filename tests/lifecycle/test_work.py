@@ -30,7 +30,7 @@ from tests.testapp.models import AuditEntry, Charge
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
 
-URLCONF = "tests.test_work"
+URLCONF = "tests.lifecycle.test_work"
 AUDIT = AuditEntry._meta.db_table
 CHARGE = Charge._meta.db_table
 RUNS: list[str] = []

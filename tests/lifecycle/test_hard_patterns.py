@@ -33,7 +33,7 @@ from tests.testapp.models import AuditEntry, Charge, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
 
-URLCONF = "tests.test_hard_patterns"
+URLCONF = "tests.lifecycle.test_hard_patterns"
 
 
 # -- views mounted by this module --------------------------------------------

@@ -100,9 +100,9 @@ REST = {"DEFAULT_SCHEMA_CLASS": "idempotency_app.openapi.AutoSchema"}  # as in t
 
 def schema(**idempotency: Any) -> dict[str, Any]:
     with override_settings(IDEMPOTENCY=idempotency):
-        generated: dict[str, Any] = SchemaGenerator(urlconf="tests.test_openapi").get_schema(
-            request=None, public=True
-        )
+        generated: dict[str, Any] = SchemaGenerator(
+            urlconf="tests.integrations.test_openapi"
+        ).get_schema(request=None, public=True)
     validate_schema(generated)
     return generated
 
@@ -224,7 +224,9 @@ def test_the_handler_format_follows_the_exception_handler() -> None:
         },
         IDEMPOTENCY={"ERROR_FORMAT": "handler"},
     ):
-        generated = SchemaGenerator(urlconf="tests.test_openapi").get_schema(None, True)
+        generated = SchemaGenerator(urlconf="tests.integrations.test_openapi").get_schema(
+            None, True
+        )
     validate_schema(generated)
     standardized = generated["components"]["schemas"][
         "IdempotencyRequestRolledBackStandardizedError"

@@ -1,4 +1,4 @@
-"""What the fault-injection tests (tests/test_faults_*.py) share.
+"""What the fault-injection tests (tests/faults/) share.
 
 A client that behaves as the README asks (one key per intent, the same key
 and body on every retry, ``Retry-After`` honoured), a load of such clients on
@@ -32,12 +32,9 @@ import pytest
 
 from tests import servers
 
-ENABLED = os.environ.get("IDEMPOTENCY_FAULT_TESTS") == "1"
-SKIP_REASON = (
-    "set IDEMPOTENCY_FAULT_TESTS=1 to run the fault-injection tests (they start their own servers)"
-)
-# For each test module: ``pytestmark = faults.MARKS``.
-MARKS = [pytest.mark.slow, pytest.mark.skipif(not ENABLED, reason=SKIP_REASON)]
+# For each test module: ``pytestmark = faults.MARKS`` (tests/conftest.py
+# skips them unless IDEMPOTENCY_FAULT_TESTS=1).
+MARKS = [pytest.mark.slow, pytest.mark.faults]
 
 # The app's tables, as Django names them.
 CHARGES = "testapp_charge"

@@ -16,8 +16,8 @@ from rest_framework.test import APIClient
 
 from idempotency_app.admin.actions import expire, replaying
 from idempotency_app.models import IdempotencyRecord
-from tests import test_admin
-from tests.test_admin import COMPLETED, IN_PROGRESS, URL, staff
+from tests.admin import test_admin
+from tests.admin.test_admin import COMPLETED, IN_PROGRESS, URL, staff
 from tests.testapp.models import Charge
 
 pytestmark = pytest.mark.django_db

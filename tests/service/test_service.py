@@ -793,7 +793,7 @@ def test_keys_reach_log_lines_escaped(caplog: pytest.LogCaptureFixture) -> None:
 def test_a_database_that_refuses_connections_is_store_unavailable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tests.test_core import database_down
+    from tests.lifecycle.test_claims import database_down
 
     with database_down(monkeypatch), pytest.raises(service.StoreUnavailable):
         service.claim(SCOPE, "evt_1", OP)
@@ -839,9 +839,7 @@ def test_renew_inside_once_commits_at_once_and_holds_no_lock() -> None:
     assert record().status == "completed"
 
 
-needs_postgres = pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="PostgreSQL's snapshot isolation levels"
-)
+needs_postgres = pytest.mark.postgresql  # its snapshot isolation levels
 
 
 @contextlib.contextmanager

@@ -28,7 +28,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tests import faults, servers
+from tests import servers
+from tests.faults import harness as faults
 
 pytestmark = faults.MARKS
 

@@ -35,7 +35,7 @@ from idempotency_app.store import Identity
 from tests.conftest import claims, needs_redis, post
 from tests.testapp.models import Charge, LedgerEntry
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.test_security")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.http.test_security")]
 
 INVALID = {"raise": "validation"}
 
@@ -106,7 +106,7 @@ def tenant_scope(request: Any) -> str | None:
     return f"tenant:{tenant}" if tenant else None
 
 
-TENANT_SCOPE = {"SCOPE": "tests.test_security.tenant_scope"}
+TENANT_SCOPE = {"SCOPE": "tests.http.test_security.tenant_scope"}
 
 
 def stored_header_names() -> set[str]:
@@ -327,7 +327,7 @@ def test_a_scope_hook_patched_by_a_test_is_the_one_that_runs(
     first one: a test that patches it sees its patch."""
     with override_settings(IDEMPOTENCY=TENANT_SCOPE):
         post(api, "/charges/", {"label": "a"}, key, HTTP_X_TENANT="acme")
-        monkeypatch.setattr("tests.test_security.tenant_scope", lambda request: "patched")
+        monkeypatch.setattr("tests.http.test_security.tenant_scope", lambda request: "patched")
         post(api, "/charges/", {"label": "a"}, key, HTTP_X_TENANT="acme")
     assert sorted(IdempotencyRecord.objects.values_list("scope", flat=True)) == [
         "patched",

@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from django.core.cache import caches
 from rest_framework.test import APIClient
 
-from idempotency_app import guard as guard_module
+from idempotency_app import guard as guard_module, signals
 from idempotency_app.models import IdempotencyRecord
 
 SERVER_DB = settings.DB != "sqlite"
@@ -87,6 +87,19 @@ def quiet_api(user: User) -> APIClient:
     client = APIClient(raise_request_exception=False)
     client.force_authenticate(user)
     return client
+
+
+@pytest.fixture
+def executions() -> Iterator[list[int]]:
+    """The status of every execution that ran while the test did."""
+    runs: list[int] = []
+
+    def count(sender: Any, status: int, **kwargs: Any) -> None:
+        runs.append(status)
+
+    signals.executed.connect(count, weak=False)
+    yield runs
+    signals.executed.disconnect(count)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import json
 import logging
 import multiprocessing
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,18 +33,6 @@ DEAD_REDIS = {
         "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.2, "SOCKET_TIMEOUT": 0.2},
     },
 }
-
-
-@pytest.fixture
-def executions() -> Iterator[list[int]]:
-    runs: list[int] = []
-
-    def count(sender: Any, status: int, **kwargs: Any) -> None:
-        runs.append(status)
-
-    signals.executed.connect(count, weak=False)
-    yield runs
-    signals.executed.disconnect(count)
 
 
 def test_retry_inside_window_gets_cached_400(

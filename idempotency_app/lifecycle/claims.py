@@ -22,6 +22,7 @@ A claim that meets a record replays it, refuses it (``KeyReused``,
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import secrets
 import time
@@ -45,6 +46,21 @@ logger = logging.getLogger("idempotency_app")
 # over by someone else in between; each retry is a fresh INSERT.
 MAX_CLAIM_ATTEMPTS = 5
 POLL_INTERVAL = 0.05
+
+
+def derive_key(scope: str, key: str, label: str) -> str:
+    """A stable key for a call to a downstream API made while handling ``key``.
+
+    The same (scope, key, label) always gives the same 64 hex characters, so
+    a retried job sends its payment provider the key it sent the first time.
+    Never change this function: keys already sent depend on it.
+    """
+    digest = hashlib.sha256()
+    for part in (scope, key, label):
+        raw = part.encode("utf-8", "surrogateescape")
+        digest.update(len(raw).to_bytes(8, "big"))
+        digest.update(raw)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -106,8 +122,6 @@ class Claim:
 
     def derive_key(self, label: str) -> str:
         """A stable key for a call to a downstream API made under this claim."""
-        from idempotency_app.service.results import derive_key
-
         return derive_key(self.identity.scope, self.identity.key, label)
 
     def transaction(self) -> AbstractContextManager[Any]:

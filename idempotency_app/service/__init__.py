@@ -38,6 +38,7 @@ from idempotency_app.exceptions import (
     StoreUnavailable,
     WorkRolledBack,
 )
+from idempotency_app.lifecycle.claims import derive_key
 from idempotency_app.service.aio import (
     aclaim,
     acomplete,
@@ -59,7 +60,6 @@ from idempotency_app.service.manual import (
     release,
     renew,
 )
-from idempotency_app.service.results import derive_key
 from idempotency_app.service.tasks import idempotent_task
 
 __all__ = [

@@ -10,12 +10,11 @@ from typing import Any
 from idempotency_app import signals
 from idempotency_app.conf import conf
 from idempotency_app.lifecycle import aio, units
-from idempotency_app.lifecycle.claims import AtomicClaim, Claim, Policy
+from idempotency_app.lifecycle.claims import AtomicClaim, Claim, Policy, derive_key
 from idempotency_app.service.manual import Done, Held, decide, renew
 from idempotency_app.service.results import (
     TASK_STATUS,
     decode,
-    derive_key,
     encode,
     make_identity,
     stored_result,

@@ -101,18 +101,3 @@ def stored_result(body: bytes) -> StoredResponse:
             f"({conf.MAX_BODY_BYTES}); return a reference such as an id instead."
         )
     return StoredResponse(None, (), body)
-
-
-def derive_key(scope: str, key: str, label: str) -> str:
-    """A stable key for a call to a downstream API made while handling ``key``.
-
-    The same (scope, key, label) always gives the same 64 hex characters, so
-    a retried job sends its payment provider the key it sent the first time.
-    Never change this function: keys already sent depend on it.
-    """
-    digest = hashlib.sha256()
-    for part in (scope, key, label):
-        raw = part.encode("utf-8", "surrogateescape")
-        digest.update(len(raw).to_bytes(8, "big"))
-        digest.update(raw)
-    return digest.hexdigest()

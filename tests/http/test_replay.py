@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from django.conf import settings
@@ -22,7 +20,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.test import APIClient
 
-from idempotency_app import signals
 from idempotency_app.decorators import idempotent
 from idempotency_app.guard import guard
 from idempotency_app.models import IdempotencyRecord
@@ -63,18 +60,6 @@ WITH_LOCALE = [
     "django.middleware.locale.LocaleMiddleware",
     *settings.MIDDLEWARE[1:],
 ]
-
-
-@pytest.fixture
-def executions() -> Iterator[list[int]]:
-    runs: list[int] = []
-
-    def count(sender: Any, status: int, **kwargs: Any) -> None:
-        runs.append(status)
-
-    signals.executed.connect(count, weak=False)
-    yield runs
-    signals.executed.disconnect(count)
 
 
 def stored_headers() -> dict[str, str]:

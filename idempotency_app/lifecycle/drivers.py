@@ -133,6 +133,13 @@ def quoting(connection: Any) -> Quoting | None:
     return Quoting(backslash=False)
 
 
+def is_deadlock(exc: Exception) -> bool:
+    """MySQL's deadlock (1213), which rolls back the whole transaction; its
+    lock wait timeout (1205) rolls back only the statement."""
+    args: tuple[Any, ...] = getattr(exc.__cause__ or exc, "args", ())
+    return bool(args) and args[0] == 1213
+
+
 def is_lock_conflict(exc: Exception) -> bool:
     """A deadlock, a lock timeout or a serialization failure: another
     transaction holds what this one needs, and (on MySQL) the server may

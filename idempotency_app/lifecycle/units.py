@@ -154,7 +154,8 @@ class Unit(Generic[T]):
             self.result = Executed(value, None)
             self.marked = isinstance(response, Marked)
             return
-        if transaction.get_rollback(using=held.using):
+        if transaction.get_rollback(using=held.using) or work.rolled_back_by_the_server():
+            transaction.set_rollback(True, using=held.using)
             self.failure = WorkRolledBack(held.key, value)
             return
         try:

@@ -91,6 +91,8 @@ class _WorkState:
         # The transaction has been seen open: seen closed from now on, it ended.
         self.started = False
         self.ended: TransactionEnded | None = None
+        # The server rolled the transaction back (a deadlock) while it ran.
+        self.rolled_back = False
         # The statement Django's execute wrapper is judging, which the
         # driver's cursor it reaches need not judge again.
         self.judging: Any = None
@@ -124,8 +126,14 @@ class _WorkState:
         if self.transaction_open is None:
             return
         if drivers.is_lock_conflict(exc):
-            if self.vendor == "mysql" or self.transaction_open() is False:
+            ended = (
+                drivers.is_deadlock(exc) if self.vendor == "mysql" else not self.transaction_open()
+            )
+            if self.vendor == "mysql" or ended:
                 self.started = False
+            # Whatever the work does next (even set_rollback(False)), what it
+            # did before is gone: it can never be stored as a success.
+            self.rolled_back = self.rolled_back or ended
             return
         if self.vendor == "mysql":
             drivers.refresh_status(connections[self.using])
@@ -180,6 +188,13 @@ def confined(identity: Identity, using: str) -> Iterator[None]:
                 raise state.refusals[0]  # the work caught it and carried on: still no success
     finally:
         _work.reset(reset)
+
+
+def rolled_back_by_the_server() -> bool:
+    """Whether the server rolled the running work's transaction back (a
+    deadlock), even if the work then told Django otherwise."""
+    state = _work.get()
+    return state is not None and state.rolled_back
 
 
 @contextlib.contextmanager
@@ -238,6 +253,13 @@ def _guard(state: _WorkState, alias: str) -> Callable[..., Any]:
 
 
 def _ends(ending: str) -> str:
+    if ending == statements.ENCODING_CHANGE:
+        return (
+            f"The work sent {ending}. The statement guard reads each statement in the "
+            "character set Django's connection uses; in another (GBK, SJIS) a backslash "
+            "can fall inside a character and a COMMIT hide in what looks like a string. "
+            "Set the character set in DATABASES[...]['OPTIONS'], not inside idempotent work."
+        )
     return (
         f"The work sent {ending}, which starts or ends the transaction that must also store "
         "its outcome (on MySQL, DDL, LOCK TABLES, CHECK and ANALYZE TABLE and SET autocommit "

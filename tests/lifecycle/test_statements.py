@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from idempotency_app.lifecycle.statements import Quoting, ends_transaction, is_read
+from idempotency_app.lifecycle.statements import ENCODING_CHANGE, Quoting, ends_transaction, is_read
 
 # (vendor, SQL, what ends the transaction or None)
 ENDS = [
@@ -122,6 +122,30 @@ ENDS = [
     ("mysql", "INSERT INTO `t` (`a`) VALUES (%s)", None),
     ("sqlite", 'UPDATE "t" SET "a" = %s', None),
     ("postgresql", 'SAVEPOINT "s1_x"', None),
+    # SQL in a literal is judged only when written as it runs.
+    (
+        "mysql",
+        "EXECUTE IMMEDIATE x'434f4d4d4954'",
+        "EXECUTE IMMEDIATE of SQL the guard cannot read",
+    ),
+    ("mysql", "PREPARE s FROM X'434f4d4d4954'", "PREPARE of SQL the guard cannot read"),
+    ("mysql", "EXECUTE IMMEDIATE 'C\\OMMIT'", "EXECUTE IMMEDIATE of SQL the guard cannot read"),
+    ("mysql", "PREPARE s FROM _latin1'COMMIT'", "PREPARE of SQL the guard cannot read"),
+    ("mysql", "PREPARE s FROM 'SELECT ?'", None),
+    # Implicit commits MariaDB makes that a first word does not show.
+    ("mysql", "SELECT 1; SET DEFAULT ROLE NONE; SELECT 2", "SET DEFAULT ROLE"),
+    ("mysql", "CREATE TEMPORARY SEQUENCE s1", "CREATE"),
+    ("mysql", "CREATE OR REPLACE TEMPORARY TABLE t (a INT)", None),
+    ("mysql", "SET `autocommit` = 1", "SET autocommit"),
+    ("mysql", "SET SESSION `autocommit`:=0", "SET autocommit"),
+    ("mysql", "SET @x = 'autocommit'", None),
+    # The character set the server reads the text in is not changed.
+    ("mysql", "SET NAMES gbk", ENCODING_CHANGE),
+    ("mysql", "SET CHARACTER SET gbk", ENCODING_CHANGE),
+    ("mysql", "SET @@character_set_client = 'gbk'", ENCODING_CHANGE),
+    ("postgresql", "SET client_encoding = 'EUC_JP'", ENCODING_CHANGE),
+    ("postgresql", "SELECT set_config('client_encoding', 'SJIS', false)", ENCODING_CHANGE),
+    ("postgresql", "SELECT set_config('app.tenant', '1', false)", None),
 ]
 
 
@@ -138,6 +162,12 @@ READS = [
     ("sqlite", "SELECT 1; DELETE FROM t", False),
     ("postgresql", "SELECT 1; SELECT 2", True),
     ("postgresql", "VALUES (1)", True),
+    # A quoted EXPLAIN option may spell ANALYZE with escapes.
+    ("postgresql", 'EXPLAIN (U&"\\0061nalyze") INSERT INTO t VALUES (1)', False),
+    ("postgresql", 'EXPLAIN (U&"\\0061nalyze") SELECT 1', True),
+    ("postgresql", "EXPLAIN (FORMAT JSON) INSERT INTO t VALUES (1)", True),
+    ("postgresql", "SET client_encoding = 'SJIS'", False),
+    ("mysql", "SET NAMES gbk", False),
     ("postgresql", "TABLE t", True),
     ("mysql", "SHOW TABLES", True),
     ("mysql", "DESCRIBE t", True),

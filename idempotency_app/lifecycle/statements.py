@@ -348,8 +348,8 @@ def _changes_encoding(statement: Statement) -> bool:
         "SET",
     ]:
         return True
-    if any(word in _ENCODING_SETTINGS for word in words):
-        return True
+    if words[:1] == ["SET"] and any(word in _ENCODING_SETTINGS for word in words):
+        return True  # not SHOW client_encoding, nor SELECT @@character_set_client
     return "SET_CONFIG" in words and any(
         t.kind == QUOTED and t.text.upper() in _ENCODING_SETTINGS for t in statement
     )

@@ -146,6 +146,8 @@ ENDS = [
     ("postgresql", "SET client_encoding = 'EUC_JP'", ENCODING_CHANGE),
     ("postgresql", "SELECT set_config('client_encoding', 'SJIS', false)", ENCODING_CHANGE),
     ("postgresql", "SELECT set_config('app.tenant', '1', false)", None),
+    ("postgresql", "SHOW client_encoding", None),
+    ("mysql", "SELECT @@character_set_client; SELECT 1", None),
 ]
 
 

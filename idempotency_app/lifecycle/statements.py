@@ -583,7 +583,6 @@ _FAST_KEEPS_TRANSACTION = frozenset(
 # One statement whose first word alone says it is a read (SELECT ... INTO
 # aside, which the lexer reads).
 _FAST_READ = frozenset({"SELECT", "SAVEPOINT", "RELEASE"})
-_INTO = re.compile("into", re.IGNORECASE)
 # A text that may change how its own later statements are quoted.
 _QUOTING_SETTINGS = re.compile("sql_mode|standard_conforming_strings", re.IGNORECASE)
 
@@ -647,7 +646,7 @@ def is_read(sql: str, vendor: str, quoting: SessionQuoting = None) -> bool:
     not a read, whatever it is: PostgreSQL's DO blocks and MySQL's compound
     statements included.
     """
-    if _fast_word(sql, vendor) in _FAST_READ and not _INTO.search(sql):
+    if _fast_word(sql, vendor) in _FAST_READ and "into" not in sql.lower():
         return True
     return all(
         _is_read(statement, reading)

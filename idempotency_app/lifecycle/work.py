@@ -96,6 +96,9 @@ class _WorkState:
         # The statement Django's execute wrapper is judging, which the
         # driver's cursor it reaches need not judge again.
         self.judging: Any = None
+        # Per alias: its connection (in this thread), vendor and quoting
+        # probe, looked up once rather than per statement.
+        self._databases: dict[str, tuple[Any, str, statements.SessionQuoting]] = {}
         self.observe()
 
     def observe(self) -> None:
@@ -115,6 +118,14 @@ class _WorkState:
                 "run such statements outside idempotent work."
             )
             raise self.ended
+
+    def database(self, alias: str) -> tuple[Any, str, statements.SessionQuoting]:
+        found = self._databases.get(alias)
+        if found is None:
+            connection = connections[alias]
+            quoting = functools.partial(drivers.quoting, connection)
+            found = self._databases[alias] = (connection, connection.vendor, quoting)
+        return found
 
     def after_error(self, exc: DatabaseError) -> None:
         """After a failed statement. A deadlock or a lock timeout that closed
@@ -213,10 +224,8 @@ def _judged(state: _WorkState, alias: str, sql: Any, cursor: Any, run: Callable[
     the driver before and after whether it is still open, and mark the
     transaction for rollback when the statement fails; on any other, refuse
     what is not a read."""
-    connection = connections[alias]
+    _, vendor, quoting = state.database(alias)
     text = statements.as_text(sql, lambda composed: composed.as_string(cursor))
-    vendor = connection.vendor
-    quoting = functools.partial(drivers.quoting, connection)
     if alias != state.using:
         if text is None or not statements.is_read(text, vendor, quoting):
             raise _refuse(_not_a_read(state, alias))

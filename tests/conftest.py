@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.core.cache import caches
+from django.test import Client
 from rest_framework.test import APIClient
 
 from idempotency_app import guard as guard_module, signals
@@ -111,6 +112,21 @@ def claims() -> Any:
     """Records that hold or held work: not the markers a validation error
     leaves for TRANSIENT_ERROR_TTL, which stand for no claim."""
     return IdempotencyRecord.objects.exclude(status=IdempotencyRecord.Status.RELEASED)
+
+
+def operator(user: User) -> Client:
+    """An admin client for ``user``, made staff with the permissions that
+    release and expire records."""
+    user.is_staff = True
+    user.save()
+    user.user_permissions.set(
+        Permission.objects.filter(
+            codename__in=["view_idempotencyrecord", "delete_idempotencyrecord"]
+        )
+    )
+    admin = Client()
+    admin.force_login(user)
+    return admin
 
 
 def post(client: APIClient, url: str, data: Any, key: str | None, **extra: Any) -> Any:

@@ -28,7 +28,7 @@ from idempotency_app import clock, service
 from idempotency_app.decorators import idempotent
 from idempotency_app.exceptions import CannotBeAtomic
 from idempotency_app.models import IdempotencyRecord
-from tests.conftest import needs_server_db, post
+from tests.conftest import needs_server_db, operator, post
 from tests.testapp.models import AuditEntry, Charge, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
@@ -285,22 +285,12 @@ def test_the_admin_release_action_deletes_where_the_records_are(user: User) -> N
     """The admin's queryset reads through the router (a replica); the release
     must delete on the records' database, or the claim stays while the admin
     says it was released."""
-    from django.contrib.auth.models import Permission
-    from django.test import Client
 
     held = service.claim("user:1", "stuck", "POST charges/")
     assert isinstance(held, service.Held)
     row = IdempotencyRecord.objects.using("default").get()
     row.save(using="other", force_insert=True)  # replicated
-    user.is_staff = True
-    user.save()
-    user.user_permissions.set(
-        Permission.objects.filter(
-            codename__in=["view_idempotencyrecord", "delete_idempotencyrecord"]
-        )
-    )
-    admin = Client()
-    admin.force_login(user)
+    admin = operator(user)
     with override_settings(DATABASE_ROUTERS=[ReplicaRouter()]):
         response = admin.post(
             "/admin/idempotency_app/idempotencyrecord/",

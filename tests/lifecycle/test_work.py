@@ -10,10 +10,9 @@ import inspect
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.db import connection, connections, transaction
 from django.db.transaction import Atomic
-from django.test import Client
 from django.test.utils import override_settings
 from django.urls import path
 from rest_framework.decorators import api_view
@@ -25,7 +24,7 @@ from idempotency_app import service
 from idempotency_app.decorators import idempotent
 from idempotency_app.lifecycle import drivers
 from idempotency_app.models import IdempotencyRecord
-from tests.conftest import post
+from tests.conftest import operator, post
 from tests.testapp.models import AuditEntry, Charge
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
@@ -260,15 +259,7 @@ def test_mariadb_an_implicit_commit_whose_statement_then_fails_leaves_the_key_in
 
 def release(user: User, record: IdempotencyRecord) -> None:
     """What an operator does once the work's effects are checked."""
-    user.is_staff = True
-    user.save()
-    user.user_permissions.set(
-        Permission.objects.filter(
-            codename__in=["view_idempotencyrecord", "delete_idempotencyrecord"]
-        )
-    )
-    admin = Client()
-    admin.force_login(user)
+    admin = operator(user)
     admin.post(
         "/admin/idempotency_app/idempotencyrecord/",
         {"action": "release_claims", "_selected_action": [record.pk], "index": 0},

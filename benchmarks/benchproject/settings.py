@@ -83,7 +83,7 @@ REST_FRAMEWORK = {
 }
 
 # Defaults, except a lease long enough for the conflict scenario's slow request.
-IDEMPOTENCY = {"LEASE": 120}
+IDEMPOTENCY = {"LEASE": 120, "SCOPE": "benchmarks.benchproject.auth.scope"}
 
 LOGGING = {
     "version": 1,

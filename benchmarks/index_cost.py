@@ -1,13 +1,17 @@
-"""What the indexes of migration 0004 cost a claim and its completion.
+"""What the indexes of migrations 0004 and 0006 cost a claim and its completion.
 
     .venv/bin/python -m benchmarks.index_cost [--database mysql] [--pairs 3000]
 
-Two copies of the records table side by side, one with every index the
-migrations create and one without the three that 0004 adds (scope, in-progress
-leases, creation time). The library's own claim and completion statements run
-against both, alternating in batches so that whatever else the machine does
-weighs on both alike, each pair on a fresh key (the write path). Prints the
-median and p99 of a claim + completion, and the ratio.
+Copies of the records table side by side: one with every index the
+migrations create ("all"); one without 0006's creation-time B-tree on
+(created_at, id) ("no created_at index"); on PostgreSQL one with 0004's BRIN
+index on created_at in its place ("BRIN instead", the schema before 0006);
+and one without any of the indexes the two migrations add (scope, in-progress
+leases, creation time: "none of them"). The library's own claim and
+completion statements run against every copy, alternating in batches so that
+whatever else the machine does weighs on all alike, each pair on a fresh key
+(the write path). Prints the median and p99 of a claim + completion per copy,
+and each against "none of them" and against "no created_at index".
 """
 
 from __future__ import annotations
@@ -21,40 +25,59 @@ from typing import Any
 
 from benchmarks.common import percentile, setup_django, table
 
-NEW_INDEXES = ("idempotency_scope_idx", "idempotency_lease_idx", "idempotency_created_idx")
+SCOPE, LEASE, CREATED = (
+    "idempotency_scope_idx",
+    "idempotency_lease_idx",
+    "idempotency_created_id_idx",
+)
 BATCH = 50
 
 
+def variants(vendor: str) -> dict[str, tuple[str, ...]]:
+    """Each copy and the indexes it goes without."""
+    found = {
+        "all": (),
+        "no created_at index": (CREATED,),
+        "BRIN instead": (CREATED,),
+        "none of them": (SCOPE, LEASE, CREATED),
+    }
+    if vendor != "postgresql":
+        del found["BRIN instead"]
+    return found
+
+
 def copies(connection: Any) -> dict[str, str]:
-    """Create the two copies; their names by variant."""
+    """Create the copies; their table names by variant."""
     from idempotency_app.models import IdempotencyRecord
 
     q = connection.ops.quote_name
     source = IdempotencyRecord._meta.db_table
-    names = {"with": f"{source}_with", "without": f"{source}_without"}
+    names = {}
     with connection.cursor() as cursor:
-        for name in names.values():
+        for number, (variant, dropped) in enumerate(variants(connection.vendor).items()):
+            name = names[variant] = f"{source}_{number}"
             cursor.execute(f"DROP TABLE IF EXISTS {q(name)}")
             if connection.vendor == "postgresql":
                 cursor.execute(f"CREATE TABLE {q(name)} (LIKE {q(source)} INCLUDING ALL)")
             else:
                 cursor.execute(f"CREATE TABLE {q(name)} LIKE {q(source)}")
-        for index in NEW_INDEXES:
-            if connection.vendor == "postgresql":
-                cursor.execute(
-                    "SELECT indexname FROM pg_indexes WHERE tablename = %s AND indexdef LIKE %s",
-                    [names["without"], f"%{_column(index)}%"],
-                )
-                for (found,) in cursor.fetchall():
-                    cursor.execute(f"DROP INDEX IF EXISTS {q(found)}")
-            else:
-                cursor.execute(f"ALTER TABLE {q(names['without'])} DROP INDEX {q(index)}")
+            for index in dropped:
+                if connection.vendor == "postgresql":
+                    cursor.execute(
+                        "SELECT indexname FROM pg_indexes WHERE tablename = %s AND indexdef LIKE %s",
+                        [name, f"%({_column(index)}%"],
+                    )
+                    for (found,) in cursor.fetchall():
+                        cursor.execute(f"DROP INDEX IF EXISTS {q(found)}")
+                else:
+                    cursor.execute(f"ALTER TABLE {q(name)} DROP INDEX {q(index)}")
+            if variant == "BRIN instead":
+                cursor.execute(f"CREATE INDEX ON {q(name)} USING brin (created_at)")
     return names
 
 
 def _column(index: str) -> str:
-    return {"idempotency_scope_idx": "scope, id", "idempotency_lease_idx": "locked_until",
-            "idempotency_created_idx": "created_at"}[index]  # fmt: skip
+    return {SCOPE: "scope", LEASE: "locked_until", CREATED: "created_at, id"}[index]
 
 
 def statements(connection: Any, table_name: str) -> tuple[str, str]:
@@ -114,19 +137,23 @@ def main() -> None:
     for _ in range(BATCH):  # warm-up
         for claim, complete in plans.values():
             pair(connection, claim, complete)
-    for _ in range(args.pairs // BATCH):
-        for variant, (claim, complete) in plans.items():
+    order = list(plans)
+    for round_ in range(args.pairs // BATCH):
+        for variant in order[round_ % len(order) :] + order[: round_ % len(order)]:
+            claim, complete = plans[variant]  # in turn first, so no copy always runs first
             times[variant] += [pair(connection, claim, complete) for _ in range(BATCH)]
+    p50 = {variant: statistics.median(values) for variant, values in times.items()}
     rows = []
     for variant, values in times.items():
         rows.append([
-            variant, len(values), f"{statistics.median(values) * 1000:.3f}",
+            variant, len(values), f"{p50[variant] * 1000:.3f}",
             f"{percentile(values, 0.99) * 1000:.3f}",
+            f"{p50[variant] / p50['none of them']:.3f}x",
+            f"{p50[variant] / p50['no created_at index']:.3f}x",
         ])  # fmt: skip
-    ratio = statistics.median(times["with"]) / statistics.median(times["without"])
-    print(f"{connection.vendor}: a fresh claim + its completion, with and without 0004's indexes")
-    print(table(["indexes", "pairs", "p50 ms", "p99 ms"], rows))
-    print(f"p50 with / without: {ratio:.3f}x")
+    print(f"{connection.vendor}: a fresh claim + its completion, by the indexes of 0004 and 0006")
+    headers = ["indexes", "pairs", "p50 ms", "p99 ms", "p50 / none", "p50 / no created_at"]
+    print(table(headers, rows))
     with connection.cursor() as cursor:
         for name in names.values():
             cursor.execute(f"DROP TABLE IF EXISTS {connection.ops.quote_name(name)}")

@@ -50,6 +50,9 @@ class IdempotencyRecord(models.Model):
             # The admin's search and list by scope. Migration 0004 also adds
             # idempotency_lease_idx on in-progress claims' leases (the sweep).
             models.Index(fields=["scope", "id"], name="idempotency_scope_idx"),
+            # A day of the admin's date drill-down, newest first, read in
+            # index order (migration 0006).
+            models.Index(fields=["created_at", "id"], name="idempotency_created_id_idx"),
         ]
 
     def __str__(self) -> str:

@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import ERROR_FLAG, PAGE_VAR, ChangeList
+from django.contrib.admin.views.main import ERROR_FLAG, ORDER_VAR, PAGE_VAR, ChangeList
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Q, QuerySet
@@ -118,9 +118,18 @@ class RecordChangeList(ChangeList):
     """Django breaks ties with ``-pk`` whatever the sort's direction; sorted
     by expiry ascending, that mixed direction keeps MySQL and MariaDB from
     reading the expiry index in order (they sort the whole table). The tie is
-    broken in the sort's own direction instead."""
+    broken in the sort's own direction instead.
+
+    A period picked in the date drill-down is listed newest first by creation
+    time, the order of ``idempotency_created_id_idx``, so a page reads only
+    its own rows. By ``-pk``, as elsewhere, the database either sorts every
+    row of the period or walks the primary key backward past every newer
+    record (589,285 of them for a page of yesterday at a million rows). A
+    sort the operator picks still wins."""
 
     def get_ordering(self, request: HttpRequest, queryset: QuerySet[Any]) -> list[Any]:
+        if f"{DATE_FIELD}__year" in self.params and ORDER_VAR not in self.params:
+            return [f"-{DATE_FIELD}", "-pk"]
         ordering = list(super().get_ordering(request, queryset))
         first = ordering[0] if ordering else "-pk"
         if isinstance(first, str) and not first.startswith("-"):

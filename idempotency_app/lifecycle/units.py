@@ -144,11 +144,15 @@ class Unit(Generic[T]):
         self.result: Executed[T] | None = None
         self.failure: WorkRolledBack | ClaimLost | None = None
         self.marked = False
+        self.value: Any = None
+        # What finish() left for complete() to store.
+        self.pending: StoredResponse | None = None
 
     def finish(self, value: T, response: StoredResponse | Marked | None) -> None:
-        """Inside the work's transaction: complete the claim with
-        ``response``, or (None, MARKED) mark the transaction for rollback."""
+        """Inside the work's transaction: keep ``response`` for ``complete``,
+        or (None, MARKED) mark the transaction for rollback."""
         held = self.held
+        self.value = value
         if response is None or isinstance(response, Marked):
             transaction.set_rollback(True, using=held.using)
             self.result = Executed(value, None)
@@ -158,19 +162,36 @@ class Unit(Generic[T]):
             transaction.set_rollback(True, using=held.using)
             self.failure = WorkRolledBack(held.key, value)
             return
+        self.pending = response
+
+    def complete(self) -> None:
+        """Once the work is over, in its transaction: store the outcome.
+        The claim's own transaction (not a savepoint) may commit in the same
+        round trip; an error then leaves it unknown whether it committed,
+        which ``unit_of_work`` reads back as for a failed commit."""
+        held, response = self.held, self.pending
+        if response is None:
+            return
+        commits = isinstance(held, AtomicClaim)
         try:
             records = store.backend(held.using)
-            completed = records.complete(held.identity, held.token, response, held.policy.ttl)
+            completed = records.complete(
+                held.identity, held.token, response, held.policy.ttl, commit=commits
+            )
         except DatabaseError as exc:
             transaction.set_rollback(True, using=held.using)
             if is_lock_conflict(exc):
                 # The record changed under the work's snapshot (a takeover at
                 # REPEATABLE READ) or a deadlock: lost like a takeover, a 409.
+                # Nothing committed: the error skipped any COMMIT sent with it.
                 logger.warning(
                     "Rolled back work on idempotency key %r: completing it met %s", held.key, exc
                 )
                 self.failure = ClaimLost(held.key)
                 return
+            if commits:
+                self.result = Executed(self.value, response)
+                raise
             if isinstance(exc, OperationalError | InterfaceError):
                 raise StoreUnavailable(str(exc)) from exc
             # The work left the transaction unusable (PostgreSQL aborts it at
@@ -182,10 +203,10 @@ class Unit(Generic[T]):
                 held.key,
                 exc,
             )
-            self.failure = WorkRolledBack(held.key, value)
+            self.failure = WorkRolledBack(held.key, self.value)
             return
         if completed:
-            self.result = Executed(value, response)
+            self.result = Executed(self.value, response)
             return
         transaction.set_rollback(True, using=held.using)
         logger.warning("Rolled back work on idempotency key %r: its claim was taken over", held.key)
@@ -214,11 +235,13 @@ def unit_of_work(held: Claim) -> Iterator[Unit[Any]]:
     unit: Unit[Any] = Unit(held)
     body_done = False
     try:
-        with held.transaction(), _mark_running(held), work.confined(held.identity, held.using):
-            yield unit
-            if unit.result is None and unit.failure is None:
-                raise RuntimeError("The work ended without calling finish().")
+        with held.transaction():
+            with _mark_running(held), work.confined(held.identity, held.using):
+                yield unit
+                if unit.pending is None and unit.result is None and unit.failure is None:
+                    raise RuntimeError("The work ended without calling finish().")
             body_done = True
+            unit.complete()
     except TransactionEnded as exc:
         if _keep_interrupted(held):
             raise OutcomeUnknown(held.key) from exc

@@ -272,18 +272,32 @@ class Backend:
         return rowcount == 1
 
     def complete(
-        self, identity: Identity, token: str, response: StoredResponse, ttl: float
+        self,
+        identity: Identity,
+        token: str,
+        response: StoredResponse,
+        ttl: float,
+        commit: bool = False,
     ) -> bool:
-        """Mark the claim completed; False when ``token`` no longer holds it."""
-        params = {
+        """Mark the claim completed; False when ``token`` no longer holds it.
+        ``commit``: the caller's transaction commits next, and the backend
+        may send the COMMIT with the completion (then False means it rolled
+        back instead, and an error that it may have committed or not)."""
+        rowcount, _ = self.execute(
+            self.complete_sql, self.complete_params(identity, token, response, ttl)
+        )
+        return rowcount == 1
+
+    def complete_params(
+        self, identity: Identity, token: str, response: StoredResponse, ttl: float
+    ) -> dict[str, Any]:
+        return {
             **self.params(identity, expires=ttl),
             "token": token,
             "status": response.status,
             "headers": response.headers_json(),
             "body": response.body,
         }
-        rowcount, _ = self.execute(self.complete_sql, params)
-        return rowcount == 1
 
     def release(self, identity: Identity, token: str, marker: float = 0) -> bool:
         """Give up the claim so a retry runs again; False when it was not ours.

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from django.db import connections, transaction
+from typing import Any
+
+from django.db import DatabaseError, connections, transaction
 
 from idempotency_app.store import base
-from idempotency_app.store.base import CLAIMED, Claimed, Existing, Identity
+from idempotency_app.store.base import CLAIMED, Claimed, Existing, Identity, StoredResponse
+
+# What the completion sent with its COMMIT fails with when it matches no row:
+# the failure skips the COMMIT, so the work rolls back.
+CLAIM_LOST = "idempotency_app: the claim was taken over, rolling the work back"
 
 
 class Backend(base.Backend):
@@ -37,6 +43,15 @@ class Backend(base.Backend):
         self.claim_alone_sql = claim(
             ", cfg AS (SELECT set_config('synchronous_commit', 'off', true))", " CROSS JOIN cfg"
         )
+        # The completion and the COMMIT in one message: a completion that
+        # matches no row fails (a cast the planner cannot fold, since it
+        # reads the count), and a failed statement skips the rest of the
+        # message, so the work then rolls back rather than commit without it.
+        self.complete_commit_sql = (
+            f"WITH done AS ({self.complete_sql} RETURNING 1) "
+            f"SELECT CASE count(*) WHEN 1 THEN 1 "
+            f"ELSE CAST('{CLAIM_LOST}: ' || count(*) AS integer) END FROM done; COMMIT"
+        )
 
     def claim(
         self, identity: Identity, token: str, ttl: float, lease: float
@@ -48,6 +63,31 @@ class Backend(base.Backend):
             # Lost the race to a row this statement's snapshot cannot see yet.
             return self.fetch(identity)
         return CLAIMED if row[0] is None else base.existing(row)
+
+    def complete(
+        self,
+        identity: Identity,
+        token: str,
+        response: StoredResponse,
+        ttl: float,
+        commit: bool = False,
+    ) -> bool:
+        """With ``commit``, send the COMMIT with the completion when the
+        driver sends statements as text (psycopg 3's client-side binding,
+        Django's default): one round trip instead of two, and Django's own
+        commit then finds nothing to do."""
+        if not commit:
+            return super().complete(identity, token, response, ttl)
+        params = self.complete_params(identity, token, response, ttl)
+        with connections[self.using].cursor() as cursor:
+            merged = _sends_text(cursor.cursor)
+            try:
+                cursor.execute(self.complete_commit_sql if merged else self.complete_sql, params)
+            except DatabaseError as exc:
+                if merged and CLAIM_LOST in str(exc):
+                    return False
+                raise
+            return merged or cursor.rowcount == 1
 
     def renews_in_place(self) -> bool:
         """At REPEATABLE READ or SERIALIZABLE, the work could not complete a
@@ -63,3 +103,15 @@ class Backend(base.Backend):
         """The transaction's isolation level, as ``SHOW`` names it."""
         _, row = self.execute("SHOW transaction_isolation", None)
         return str(row[0])
+
+
+def _sends_text(cursor: Any) -> bool:
+    """Whether ``cursor`` (the driver's) sends a statement with its
+    parameters as text in one simple query, which may hold several
+    statements: psycopg 3's client-side cursors. (psycopg2 does too, but
+    keeps its own idea of the transaction and would send COMMIT again.)"""
+    try:
+        from psycopg import ClientCursor
+    except ImportError:
+        return False
+    return isinstance(cursor, ClientCursor)

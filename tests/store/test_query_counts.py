@@ -64,6 +64,8 @@ def label(sql: str) -> str | None:
     if text.startswith("rollback to savepoint"):
         return "rollback to savepoint"
     if RECORDS in text:
+        if text.startswith("with done as (update"):
+            return "update"  # the completion, sent with the COMMIT (PostgreSQL)
         if text.startswith("with"):
             return "claim+read"
         if text.startswith("insert"):

@@ -1,0 +1,121 @@
+"""Round trips to the database per request, counted on the wire.
+
+Statements (``test_query_counts.py``) are not the whole cost: transaction
+control the driver sends by itself (psycopg's BEGIN, mysqlclient's SET
+autocommit) waits for the server too. Here every message that waits for an
+answer is counted where it happens: on PostgreSQL from libpq's protocol
+trace (one ReadyForQuery per simple query or Sync), on MariaDB from the
+session's ``Questions`` counter. A fresh request must add no round trip but
+the claim, the BEGIN of the work's transaction and the completion, which on
+PostgreSQL travels with the COMMIT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from tests.conftest import post
+
+pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
+
+BODY = {"label": "a", "amount": 5}
+
+
+@contextlib.contextmanager
+def _postgresql_trips() -> Iterator[list[str]]:
+    """The first message of each round trip, from libpq's trace."""
+    from psycopg import pq
+
+    trips: list[str] = []
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile() as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            yield trips
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        first = None
+        for line in trace.read().decode("utf-8", "replace").splitlines():
+            direction, _, kind, *rest = line.split("\t")
+            if direction == "F" and first is None:
+                first = (rest[0].strip(' "')[:40] if kind == "Query" else kind).upper()
+            elif direction == "B" and kind == "ReadyForQuery":
+                trips.append(first or "")
+                first = None
+
+
+def _mysql_questions() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW SESSION STATUS LIKE 'Questions'")
+        return int(cursor.fetchone()[1])
+
+
+@contextlib.contextmanager
+def _mysql_trips() -> Iterator[list[str]]:
+    """One entry per statement the session sent (the server does not say
+    which; the SHOW that reads the counter is left out)."""
+    trips: list[str] = []
+    connection.ensure_connection()
+    before = _mysql_questions()
+    try:
+        yield trips
+    finally:
+        trips.extend(["?"] * (_mysql_questions() - before - 1))
+
+
+def round_trips(call: Callable[[], Any]) -> tuple[list[str], Any]:
+    """What ``call`` sent that waited for the server, and its result. The
+    test client keeps the connection across the request, so one session's
+    counts are the request's."""
+    counting = _postgresql_trips if connection.vendor == "postgresql" else _mysql_trips
+    with counting() as trips:
+        result = call()
+    return trips, result
+
+
+def test_a_fresh_request_adds_the_claim_a_begin_and_the_completion(
+    api: APIClient, key: str
+) -> None:
+    plain, response = round_trips(lambda: post(api, "/charges/", BODY, None))
+    assert response.status_code == 201
+    fresh, response = round_trips(lambda: post(api, "/charges/", BODY, key))
+    assert response.status_code == 201
+    assert "Idempotent-Replayed" not in response
+    if connection.vendor == "postgresql":
+        # The view's two INSERTs run in autocommit when undecorated.
+        assert len(plain) == 2, plain
+        assert len(fresh) == len(plain) + 3, fresh
+        assert fresh[0].startswith("WITH INS AS"), fresh  # the claim
+        assert fresh[1] == "BEGIN", fresh
+        assert fresh[-1].startswith("WITH DONE AS (UPDATE"), "the completion carries the COMMIT"
+    else:
+        # The claim; SET autocommit=0, the completion, COMMIT, SET autocommit=1.
+        assert len(fresh) == len(plain) + 5, (plain, fresh)
+
+
+def test_a_replay_is_one_round_trip(api: APIClient, key: str) -> None:
+    post(api, "/charges/", BODY, key)
+    trips, response = round_trips(lambda: post(api, "/charges/", BODY, key))
+    assert response["Idempotent-Replayed"] == "true"
+    one_statement = connection.vendor == "postgresql" or (
+        connection.mysql_is_mariadb and connection.mysql_version >= (10, 5)
+    )
+    assert len(trips) == (1 if one_statement else 2), trips
+
+
+@pytest.mark.postgresql
+def test_the_completion_and_commit_leave_django_nothing_to_send(api: APIClient, key: str) -> None:
+    """Django's own COMMIT finds the transaction ended and sends nothing."""
+    trips, response = round_trips(lambda: post(api, "/charges/", BODY, key))
+    assert response.status_code == 201
+    assert "COMMIT" not in trips, trips

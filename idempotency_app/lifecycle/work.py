@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -47,6 +48,7 @@ from django.db.transaction import Atomic
 from idempotency_app.exceptions import CannotBeAtomic, TransactionEnded
 from idempotency_app.lifecycle import drivers, statements
 from idempotency_app.store import Identity
+from idempotency_app.store.postgresql import sends_text
 
 
 class UnitAtomic(Atomic):
@@ -99,6 +101,14 @@ class _WorkState:
         # Per alias: its connection (in this thread), vendor and quoting
         # probe, looked up once rather than per statement.
         self._databases: dict[str, tuple[Any, str, statements.SessionQuoting]] = {}
+        # Django's SAVEPOINT and RELEASE SAVEPOINT statements not sent yet:
+        # each goes with the next statement (``_Savepoints``).
+        raw = connections[using].connection
+        self.savepoints = (
+            _Savepoints()
+            if self.vendor == "postgresql" and sends_text(getattr(raw, "cursor_factory", None))
+            else None
+        )
         self.observe()
 
     def observe(self) -> None:
@@ -150,6 +160,68 @@ class _WorkState:
             drivers.refresh_status(connections[self.using])
         with contextlib.suppress(TransactionEnded):
             self.observe()
+
+
+# A savepoint statement as Django's PostgreSQL backend writes it (its names
+# are s<thread>_x<n>), and nothing else.
+_PQ_INERROR = 3
+_DJANGO_SAVEPOINT = re.compile(r'(SAVEPOINT|RELEASE SAVEPOINT|ROLLBACK TO SAVEPOINT) ("s\d+_x\d+")')
+
+
+class _Savepoints:
+    """Django's savepoints inside the work, without a round trip of their own.
+
+    A ``transaction.atomic()`` block in the work is a savepoint: SAVEPOINT
+    and RELEASE SAVEPOINT, two round trips that do nothing but wait. Here
+    each is held back and sent in front of the next statement, in the same
+    simple query (psycopg 3's client-side cursors send several statements in
+    one message and answer the last one's result once the others are
+    skipped over). A block in which no statement ran costs nothing; a
+    RELEASE still held when the work ends is never sent, since the COMMIT
+    (or the release of the savepoint around the work) releases it anyway.
+    """
+
+    def __init__(self) -> None:
+        self.held: list[str] = []
+
+    def hold(self, sql: Any, params: Any, many: bool) -> bool:
+        """Whether ``sql`` is a savepoint statement held back (or, with the
+        SAVEPOINT still held, cancelled) rather than sent."""
+        if params is not None or many or not isinstance(sql, str):
+            return False
+        match = _DJANGO_SAVEPOINT.fullmatch(sql)
+        if match is None:
+            return False
+        kind, name = match.groups()
+        if kind == "SAVEPOINT":
+            self.held.append(sql)
+            return True
+        if self.held and self.held[-1] == f"SAVEPOINT {name}":
+            # Nothing ran inside it: nothing to undo, and once released
+            # nothing to send. (A rollback keeps it, as the server would.)
+            if kind == "RELEASE SAVEPOINT":
+                self.held.pop()
+            return True
+        if kind == "RELEASE SAVEPOINT":
+            self.held.append(sql)
+            return True
+        return False  # a ROLLBACK TO must reach the server: it goes with what is held
+
+    def prefix(self, sql: Any, many: bool) -> tuple[Any, list[str]]:
+        """``sql`` with the held statements in front, and those statements
+        (their results come first); ``many`` (one statement per parameter
+        set) and composed SQL take none, so ``flush`` sends those ahead."""
+        if not self.held or many or not isinstance(sql, str):
+            return sql, []
+        held, self.held = self.held, []
+        return "; ".join([*held, sql]), held
+
+    def flush(self, connection: Any) -> None:
+        """Send what is held, alone: before SQL that cannot carry it."""
+        if self.held:
+            held, self.held = self.held, []
+            with by_the_library(), connection.cursor() as cursor:
+                cursor.execute("; ".join(held))
 
 
 # The work running in this context; None outside any work.
@@ -248,17 +320,57 @@ def _judged(state: _WorkState, alias: str, sql: Any, cursor: Any, run: Callable[
 def _guard(state: _WorkState, alias: str) -> Callable[..., Any]:
     """The execute wrapper of ``alias`` while the work runs."""
 
+    savepoints = state.savepoints if alias == state.using else None
+
     def guard(execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any) -> Any:
         if _suspended.get():
+            if savepoints is not None:
+                savepoints.flush(context["connection"])
             return execute(sql, params, many, context)
+        if savepoints is None:
+            run = functools.partial(execute, sql, params, many, context)
+        elif savepoints.hold(sql, params, many):
+            return None
+        else:
+            run = functools.partial(
+                _with_savepoints, savepoints, execute, sql, params, many, context
+            )
         state.judging = sql  # the raw cursor it reaches judges it no more
         try:
-            run = functools.partial(execute, sql, params, many, context)
             return _judged(state, alias, sql, context["cursor"].cursor, run)
         finally:
             state.judging = None
 
     return guard
+
+
+def _with_savepoints(
+    savepoints: _Savepoints,
+    execute: Callable[..., Any],
+    sql: Any,
+    params: Any,
+    many: bool,
+    context: Any,
+) -> Any:
+    """Run ``sql`` with the savepoint statements held in front of it."""
+    sent, held = savepoints.prefix(sql, many)
+    if not held:
+        savepoints.flush(context["connection"])
+        return execute(sql, params, many, context)
+    try:
+        result = execute(sent, params, many, context)
+    except Exception:
+        if not _failed(context):
+            savepoints.held[:0] = held  # refused before it was sent: still to send
+        raise
+    for _ in held:
+        context["cursor"].cursor.nextset()
+    return result
+
+
+def _failed(context: Any) -> bool:
+    """Whether the server failed the transaction (libpq's "in error")."""
+    return bool(context["connection"].connection.pgconn.transaction_status == _PQ_INERROR)
 
 
 def _ends(ending: str) -> str:
@@ -343,6 +455,8 @@ def _guarded_cursor(
             sql = sql_of(*args, **kwargs)
             if state is None or _suspended.get() or (sql is state.judging and sql is not None):
                 return call()
+            if state.savepoints is not None and alias == state.using:
+                state.savepoints.flush(connections[alias])
             return _judged(state, alias, sql, self, call)
 
         return method

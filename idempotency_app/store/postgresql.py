@@ -80,7 +80,7 @@ class Backend(base.Backend):
             return super().complete(identity, token, response, ttl)
         params = self.complete_params(identity, token, response, ttl)
         with connections[self.using].cursor() as cursor:
-            merged = _sends_text(cursor.cursor)
+            merged = sends_text(type(cursor.cursor))
             try:
                 cursor.execute(self.complete_commit_sql if merged else self.complete_sql, params)
             except DatabaseError as exc:
@@ -105,13 +105,13 @@ class Backend(base.Backend):
         return str(row[0])
 
 
-def _sends_text(cursor: Any) -> bool:
-    """Whether ``cursor`` (the driver's) sends a statement with its
-    parameters as text in one simple query, which may hold several
+def sends_text(cursor_class: Any) -> bool:
+    """Whether cursors of ``cursor_class`` (the driver's) send a statement
+    with its parameters as text in one simple query, which may hold several
     statements: psycopg 3's client-side cursors. (psycopg2 does too, but
     keeps its own idea of the transaction and would send COMMIT again.)"""
     try:
         from psycopg import ClientCursor
     except ImportError:
         return False
-    return isinstance(cursor, ClientCursor)
+    return isinstance(cursor_class, type) and issubclass(cursor_class, ClientCursor)

@@ -1,0 +1,172 @@
+"""``transaction.atomic()`` blocks inside the work: savepoints that keep
+their meaning whatever round trips they are sent in.
+
+On PostgreSQL (psycopg 3, client-side binding) the work's SAVEPOINT and
+RELEASE SAVEPOINT travel in front of the next statement instead of alone,
+and a block in which nothing ran is never sent. Each test here does what
+would show a savepoint that was not there when it mattered: an inner block
+that fails and is caught, the work carrying on after it, on every backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+
+from idempotency_app import service
+from tests.store.test_round_trips import round_trips
+from tests.testapp.models import Charge, Tag
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SCOPE = "tests:savepoints"
+
+
+def labels() -> list[str]:
+    return sorted(Charge.objects.values_list("label", flat=True))
+
+
+def once(key: str, work: Any) -> Any:
+    with service.once(SCOPE, key, "tests.savepoints") as run:
+        if run.should_execute:
+            run.result = work()
+    return run.result
+
+
+def test_a_failed_inner_block_caught_by_the_work_undoes_only_itself() -> None:
+    Tag.objects.create(name="taken")
+
+    def work() -> str:
+        Charge.objects.create(label="before")
+        try:
+            with transaction.atomic():
+                Charge.objects.create(label="inside, undone")
+                Tag.objects.create(name="taken")
+        except IntegrityError:
+            pass
+        Charge.objects.create(label="after")
+        return "done"
+
+    assert once("k1", work) == "done"
+    assert labels() == ["after", "before"]
+
+
+def test_the_failing_statement_is_the_first_in_the_block() -> None:
+    """The SAVEPOINT goes out with the statement that fails: it must still
+    be in place before that statement, or the rollback to it fails."""
+    Tag.objects.create(name="taken")
+
+    def work() -> str:
+        for attempt in range(3):
+            try:
+                with transaction.atomic():
+                    Tag.objects.create(name="taken")
+            except IntegrityError:
+                Charge.objects.create(label=f"retry {attempt}")
+        return "done"
+
+    assert once("k2", work) == "done"
+    assert labels() == ["retry 0", "retry 1", "retry 2"]
+
+
+def test_nested_blocks_roll_back_to_the_right_savepoint() -> None:
+    def work() -> str:
+        with transaction.atomic():
+            Charge.objects.create(label="outer")
+            try:
+                with transaction.atomic():
+                    with transaction.atomic():  # nothing runs in this one
+                        pass
+                    Charge.objects.create(label="inner, undone")
+                    raise ValueError("undo the inner block")
+            except ValueError:
+                pass
+            with transaction.atomic():
+                pass
+        Charge.objects.create(label="last")
+        return "done"
+
+    assert once("k3", work) == "done"
+    assert labels() == ["last", "outer"]
+
+
+def test_a_statement_refused_before_it_was_sent_keeps_the_savepoint_to_send() -> None:
+    """A parameter the driver cannot adapt fails before anything is sent;
+    the SAVEPOINT held for it must still go out with the next statement."""
+
+    def work() -> str:
+        Charge.objects.create(label="kept")
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT %s", [object()])
+        except Exception:
+            pass
+        with transaction.atomic():
+            Charge.objects.create(label="inside")
+        return "done"
+
+    assert once("k4", work) == "done"
+    assert labels() == ["inside", "kept"]
+
+
+def test_executemany_and_the_drivers_cursor_inside_a_block() -> None:
+    table = connection.ops.quote_name(Charge._meta.db_table)
+
+    def work() -> str:
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.executemany(
+                        f"INSERT INTO {table} (label, amount) VALUES (%s, %s)",
+                        [("many 1", 1), ("many 2", 2)],
+                    )
+                raise ValueError("undo")
+        except ValueError:
+            pass
+        with transaction.atomic():
+            connection.ensure_connection()
+            raw = connection.connection.cursor()
+            raw.execute(f"INSERT INTO {table} (label, amount) VALUES ('raw', 1)")
+            raw.close()
+        return "done"
+
+    assert once("k5", work) == "done"
+    assert labels() == ["raw"]
+
+
+def test_the_manual_savepoint_api() -> None:
+    def work() -> str:
+        Charge.objects.create(label="kept")
+        sid = transaction.savepoint()
+        Charge.objects.create(label="undone")
+        transaction.savepoint_rollback(sid)
+        sid = transaction.savepoint()
+        Charge.objects.create(label="released")
+        transaction.savepoint_commit(sid)
+        return "done"
+
+    assert once("k6", work) == "done"
+    assert labels() == ["kept", "released"]
+
+
+@pytest.mark.postgresql
+def test_a_block_costs_no_round_trip_of_its_own() -> None:
+    def plain() -> None:
+        Charge.objects.create(label="a")
+        Charge.objects.create(label="b")
+
+    def in_blocks() -> None:
+        with transaction.atomic():
+            Charge.objects.create(label="a")
+            with transaction.atomic():
+                pass
+            Charge.objects.create(label="b")
+
+    without, _ = round_trips(lambda: once("k7", plain))
+    with_blocks, _ = round_trips(lambda: once("k8", in_blocks))
+    assert len(with_blocks) == len(without), (without, with_blocks)
+    assert not any(trip.startswith(("SAVEPOINT", "RELEASE")) for trip in with_blocks[:2])
+    assert any(trip.startswith('SAVEPOINT "') for trip in with_blocks), "sent with the INSERT"

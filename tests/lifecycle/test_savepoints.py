@@ -99,9 +99,8 @@ def test_a_statement_refused_before_it_was_sent_keeps_the_savepoint_to_send() ->
     def work() -> str:
         Charge.objects.create(label="kept")
         try:
-            with transaction.atomic():
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT %s", [object()])
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT %s", [object()])
         except Exception:
             pass
         with transaction.atomic():

@@ -166,6 +166,9 @@ IDEMPOTENCY = {
     # No cron needed for the example: a finished request sweeps expired keys
     # at most every 5 minutes (each round shows in the admin).
     "AUTO_SWEEP_INTERVAL": 300,
+    # A retry within 2 s of the answer it repeats is served from this
+    # process's memory, without a statement; the admin's expire empties it.
+    "REPLAY_CACHE": 2,
     "ERROR_FORMAT": os.environ.get("EXAMPLE_ERROR_FORMAT", "detail"),
 }
 

@@ -46,6 +46,8 @@ CHECKS: dict[str, str] = {
     "E018": "a view's ttl/lease/wait options are unsafe with the settings",
     "E019": "ERROR_FORMAT is not detail, problem or handler",
     "E020": "PROBLEM_TYPE_BASE is not an absolute URI",
+    "E021": "REPLAY_CACHE over 60 seconds",
+    "E022": "REPLAY_CACHE_ENTRIES is not a whole number of at least 1",
     "E030": "an @idempotent view is served without DRF",
     "W001": "ATOMIC_REQUESTS is on: duplicates wait instead of getting 409",
     "W002": "the guard's cache is per-process while the database is a server",
@@ -97,7 +99,10 @@ DURATION_KEYS = (
     "WAIT_FOR_IN_FLIGHT",
     "CACHE_RETRY_INTERVAL",
     "AUTO_SWEEP_INTERVAL",
+    "REPLAY_CACHE",
 )
+# The longest a process may replay what an operator has since expired.
+MAX_REPLAY_CACHE = 60
 
 
 def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
@@ -163,12 +168,21 @@ def _check_bounds() -> list[CheckMessage]:
         "WAIT_FOR_IN_FLIGHT",
         "CACHE_RETRY_INTERVAL",
         "AUTO_SWEEP_INTERVAL",
+        "REPLAY_CACHE",
     )
     if not all(0 <= getattr(conf, name) < math.inf for name in optional):
         errors.append(
             _message(
                 "E006",
-                "IDEMPOTENCY durations TRANSIENT_ERROR_TTL, WAIT_FOR_IN_FLIGHT, CACHE_RETRY_INTERVAL and AUTO_SWEEP_INTERVAL must be finite and not negative.",
+                "IDEMPOTENCY durations TRANSIENT_ERROR_TTL, WAIT_FOR_IN_FLIGHT, CACHE_RETRY_INTERVAL, AUTO_SWEEP_INTERVAL and REPLAY_CACHE must be finite and not negative.",
+            )
+        )
+    elif conf.REPLAY_CACHE > MAX_REPLAY_CACHE:
+        errors.append(
+            _message(
+                "E021",
+                f"IDEMPOTENCY['REPLAY_CACHE'] is {conf.REPLAY_CACHE:g}s; it must be at most {MAX_REPLAY_CACHE}s.",
+                hint="Other processes replay an expired record for up to this long; a few seconds absorb a retry storm.",
             )
         )
     if conf.WAIT_FOR_IN_FLIGHT >= conf.LEASE:
@@ -185,6 +199,14 @@ def _check_bounds() -> list[CheckMessage]:
                 "E016",
                 f"IDEMPOTENCY['AUTO_SWEEP_INTERVAL'] is {conf.AUTO_SWEEP_INTERVAL:g}s; use 0 (off) or at least 1s.",
                 hint="Each round costs a few statements; minutes are typical.",
+            )
+        )
+    entries = conf.user_settings.get("REPLAY_CACHE_ENTRIES", DEFAULTS["REPLAY_CACHE_ENTRIES"])
+    if not isinstance(entries, int) or isinstance(entries, bool) or entries < 1:
+        errors.append(
+            _message(
+                "E022",
+                f"IDEMPOTENCY['REPLAY_CACHE_ENTRIES'] must be a whole number of at least 1, not {entries!r}.",
             )
         )
     max_body = conf.user_settings.get("MAX_BODY_BYTES", DEFAULTS["MAX_BODY_BYTES"])

@@ -33,6 +33,8 @@ DEFAULTS: dict[str, Any] = {
     "WAIT_FOR_IN_FLIGHT": 0,
     "CACHE_RETRY_INTERVAL": 5,
     "AUTO_SWEEP_INTERVAL": 0,
+    "REPLAY_CACHE": 0,
+    "REPLAY_CACHE_ENTRIES": 1000,
     "ERROR_FORMAT": "detail",
     "PROBLEM_TYPE_BASE": "urn:idempotency-app:problem:",
 }
@@ -189,6 +191,16 @@ class Settings:
     @property
     def AUTO_SWEEP_INTERVAL(self) -> float:
         return to_seconds(self._get("AUTO_SWEEP_INTERVAL"))
+
+    @property
+    def REPLAY_CACHE(self) -> float:
+        """Seconds a process may answer a retry from the responses it holds
+        (``lifecycle.replays``); 0: never."""
+        return to_seconds(self._get("REPLAY_CACHE"))
+
+    @property
+    def REPLAY_CACHE_ENTRIES(self) -> int:
+        return int(self._get("REPLAY_CACHE_ENTRIES"))
 
     @property
     def ERROR_FORMAT(self) -> str:

@@ -66,6 +66,22 @@ def test_auto_sweep_interval_is_off_or_at_least_a_second(interval: float, ok: bo
     assert ("idempotency_app.E016" not in ids(IDEMPOTENCY={"AUTO_SWEEP_INTERVAL": interval})) is ok
 
 
+@pytest.mark.parametrize(
+    ("seconds", "error"),
+    [(0, None), (2.5, None), (60, None), (61, "E021"), (-1, "E006"), ("5s", "E003")],
+)
+def test_replay_cache_is_a_few_seconds_at_most(seconds: Any, error: str | None) -> None:
+    found = {
+        i for i in ids(IDEMPOTENCY={"REPLAY_CACHE": seconds}) if i[-4:] in ("E003", "E006", "E021")
+    }
+    assert found == ({f"idempotency_app.{error}"} if error else set())
+
+
+@pytest.mark.parametrize(("entries", "ok"), [(1, True), (1000, True), (0, False), (2.5, False)])
+def test_replay_cache_entries_is_a_whole_number(entries: Any, ok: bool) -> None:
+    assert ("idempotency_app.E022" not in ids(IDEMPOTENCY={"REPLAY_CACHE_ENTRIES": entries})) is ok
+
+
 def test_wait_must_be_shorter_than_lease() -> None:
     assert "idempotency_app.E007" in ids(IDEMPOTENCY={"LEASE": 10, "WAIT_FOR_IN_FLIGHT": 10})
 

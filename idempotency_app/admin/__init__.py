@@ -38,6 +38,7 @@ from django.utils.text import smart_split, unescape_string_literal
 from idempotency_app import clock, store
 from idempotency_app.admin.actions import expire_records
 from idempotency_app.conf import conf
+from idempotency_app.lifecycle import replays
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import parse_headers
 
@@ -275,6 +276,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         while chunk := list(itertools.islice(pks, RELEASE_BATCH)):
             selected += len(chunk)
             released += records.release_selected(chunk)
+        replays.clear_on_commit(conf.DATABASE_ALIAS)
         self.message_user(
             request, f"Released {released} stuck claims or interrupted keys.", messages.SUCCESS
         )

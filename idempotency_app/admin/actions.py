@@ -26,6 +26,7 @@ from django.template.response import TemplateResponse
 
 from idempotency_app.clock import DatabaseNow
 from idempotency_app.conf import conf
+from idempotency_app.lifecycle import replays
 from idempotency_app.models import IdempotencyRecord
 
 logger = logging.getLogger("idempotency_app")
@@ -56,6 +57,7 @@ def expire_records(
 ) -> TemplateResponse | None:
     if request.POST.get("post") == "yes":
         expired = expire(queryset, conf.DATABASE_ALIAS)
+        replays.clear_on_commit(conf.DATABASE_ALIAS)
         logger.warning(
             "%s (user pk %s) expired %d completed idempotency records ahead of their TTL "
             "from the admin (%s); the next request with each key runs again.",

@@ -36,6 +36,7 @@ from django.db import Error, InterfaceError, OperationalError, connections, tran
 from idempotency_app import signals, store
 from idempotency_app.conf import conf, policy_problems
 from idempotency_app.exceptions import KeyInProgress, KeyReused, OutcomeUnknown, StoreUnavailable
+from idempotency_app.lifecycle import replays
 from idempotency_app.lifecycle.drivers import is_lock_conflict
 from idempotency_app.lifecycle.work import UnitAtomic
 from idempotency_app.store import Existing, Identity, StoredResponse
@@ -205,6 +206,10 @@ def claim(identity: Identity, policy: Policy) -> Claim | Replay:
     like any duplicate in flight, within ``policy.wait``. A connection that
     broke since its last use (the database restarted) is replaced once.
     """
+    cached = replays.get(identity, policy.using)
+    if cached is not None:
+        signals.replayed.send(Claim, identity=identity)
+        return Replay(cached)
     store.backend(policy.using).check_storable(identity)
     deadline = time.monotonic() + policy.wait
     # One token for every attempt: a statement whose answer was lost with
@@ -288,6 +293,7 @@ def _claim(identity: Identity, policy: Policy, deadline: float, token: str) -> C
                 raise KeyReused(identity.key)
             if found.response is not None:
                 signals.replayed.send(Claim, identity=identity)
+                replays.put(identity, policy.using, found.response)
                 return Replay(found.response)
             if found.interrupted:
                 raise OutcomeUnknown(identity.key)

@@ -43,7 +43,7 @@ from idempotency_app.exceptions import (
     TransactionEnded,
     WorkRolledBack,
 )
-from idempotency_app.lifecycle import work
+from idempotency_app.lifecycle import replays, work
 from idempotency_app.lifecycle.claims import (
     AtomicClaim,
     Claim,
@@ -262,6 +262,9 @@ def unit_of_work(held: Claim) -> Iterator[Unit[Any]]:
             raise
     if not unit.stored():
         held.let_go(held.policy.marker if unit.marked else 0)
+    elif isinstance(held, AtomicClaim):  # committed: its retries may skip the database
+        assert unit.result is not None and unit.result.stored is not None
+        replays.put(held.identity, held.using, unit.result.stored)
     if isinstance(unit.failure, ClaimLost):
         # Sent once the work is over, so that no receiver's writes are part of it.
         signals.conflict.send(Claim, identity=held.identity)

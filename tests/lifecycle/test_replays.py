@@ -1,0 +1,212 @@
+"""REPLAY_CACHE: retries answered from the process's own memory, within the
+staleness it promises and no further.
+
+What could go wrong: a replay of another request's response (a different
+body under the same key), a response an operator expired still replayed by
+the process that expired it, an entry outliving REPLAY_CACHE seconds, memory
+without bound, and (across processes, the documented limit) a stale replay
+for longer than REPLAY_CACHE.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext, override_settings
+from rest_framework.test import APIClient
+
+from idempotency_app.lifecycle import replays
+from idempotency_app.models import IdempotencyRecord
+from idempotency_app.store import Identity, StoredResponse
+from tests.conftest import needs_server_db, operator, post
+from tests.testapp.models import Charge
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BODY = {"label": "a", "amount": 5}
+
+
+def cached(seconds: float = 5, **more: Any) -> Any:
+    return override_settings(
+        IDEMPOTENCY={**getattr(settings, "IDEMPOTENCY", {}), "REPLAY_CACHE": seconds, **more}
+    )
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache() -> Iterator[None]:
+    replays.clear()
+    yield
+    replays.clear()
+
+
+def held(key: str) -> Any:
+    record = IdempotencyRecord.objects.get(key=key)
+    return replays.get(
+        Identity(record.scope, record.key, record.operation, record.fingerprint), "default"
+    )
+
+
+def statements(call: Any) -> tuple[int, Any]:
+    with CaptureQueriesContext(connection) as captured:
+        result = call()
+    return len(captured.captured_queries), result
+
+
+def test_off_by_default_a_replay_reads_the_database(api: APIClient, key: str) -> None:
+    post(api, "/charges/", BODY, key)
+    count, response = statements(lambda: post(api, "/charges/", BODY, key))
+    assert response["Idempotent-Replayed"] == "true"
+    assert count >= 1
+
+
+def test_a_retry_of_a_request_this_process_completed_sends_no_statement(
+    api: APIClient, key: str
+) -> None:
+    with cached():
+        first = post(api, "/charges/", BODY, key)
+        count, again = statements(lambda: post(api, "/charges/", BODY, key))
+    assert again["Idempotent-Replayed"] == "true"
+    assert (again.status_code, again.json()) == (first.status_code, first.json())
+    assert count == 0
+    assert Charge.objects.count() == 1
+
+
+def test_a_replay_read_from_the_database_is_held_too(api: APIClient, key: str) -> None:
+    post(api, "/charges/", BODY, key)  # completed while the cache was off
+    with cached():
+        assert statements(lambda: post(api, "/charges/", BODY, key))[0] >= 1
+        count, again = statements(lambda: post(api, "/charges/", BODY, key))
+    assert again["Idempotent-Replayed"] == "true" and count == 0
+
+
+def test_another_request_under_the_same_key_is_judged_by_the_database(
+    api: APIClient, key: str
+) -> None:
+    with cached():
+        post(api, "/charges/", BODY, key)
+        other = post(api, "/charges/", {**BODY, "amount": 6}, key)
+        elsewhere = post(api, "/mixin-charges/", BODY, key)
+    assert other.status_code == 422
+    assert elsewhere.status_code == 422
+
+
+def test_an_entry_lasts_replay_cache_seconds(
+    api: APIClient, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(replays.time, "monotonic", lambda: now[0])
+    with cached(2):
+        post(api, "/charges/", BODY, key)
+        now[0] += 1.9
+        assert statements(lambda: post(api, "/charges/", BODY, key))[0] == 0
+        now[0] += 0.2
+        count, again = statements(lambda: post(api, "/charges/", BODY, key))
+    assert again["Idempotent-Replayed"] == "true"
+    assert count >= 1, "older than REPLAY_CACHE: read again"
+
+
+def test_an_expire_in_the_admin_empties_this_processs_cache(
+    api: APIClient, user: User, key: str
+) -> None:
+    with cached():
+        post(api, "/charges/", BODY, key)
+        record = IdempotencyRecord.objects.get(key=key)
+        admin = operator(user)
+        response = admin.post(
+            "/admin/idempotency_app/idempotencyrecord/",
+            {"action": "expire_records", "_selected_action": [record.pk], "post": "yes"},
+        )
+        assert response.status_code == 302
+        again = post(api, "/charges/", BODY, key)
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again
+    assert Charge.objects.count() == 2
+
+
+def test_a_release_in_the_admin_empties_it_too(api: APIClient, user: User, key: str) -> None:
+    with cached():
+        post(api, "/charges/", BODY, key)
+        assert held(key) is not None
+        admin = operator(user)
+        admin.post(
+            "/admin/idempotency_app/idempotencyrecord/",
+            {"action": "release_claims", "_selected_action": [0]},
+        )
+        assert held(key) is None
+
+
+def test_entries_are_bounded(api: APIClient) -> None:
+    with cached(REPLAY_CACHE_ENTRIES=2):
+        for key in ("k-1", "k-2", "k-3"):
+            post(api, "/charges/", BODY, key)
+        newest = [
+            statements(lambda key=key: post(api, "/charges/", BODY, key))[0]
+            for key in ("k-3", "k-2")
+        ]
+        oldest, _ = statements(lambda: post(api, "/charges/", BODY, "k-1"))
+    assert newest == [0, 0]
+    assert oldest >= 1, "the oldest entry was dropped"
+
+
+def test_a_large_body_is_not_held() -> None:
+    identity = Identity("user:1", "k", "POST charges/", "f" * 64)
+    with cached():
+        replays.put(identity, "default", StoredResponse(201, (), b"x" * replays.MAX_ENTRY_BYTES))
+        assert replays.get(identity, "default") is not None
+        big = StoredResponse(201, (), b"x" * (replays.MAX_ENTRY_BYTES + 1))
+        replays.put(identity, "default", big)
+        assert replays.get(identity, "default") is None
+
+
+# -- across processes: the documented limit -----------------------------------
+
+
+def _replay_in_child(user_pk: int, key: str, go: Any, answers: Any) -> None:
+    """Another process: it replays the key once (and holds it), then again
+    when told, then again once REPLAY_CACHE has passed."""
+    try:
+        replays.clear()  # a process of its own: nothing inherited
+        client = APIClient()
+        client.force_authenticate(User.objects.get(pk=user_pk))
+        with cached(1):
+            answers.put(post(client, "/charges/", BODY, key).json()["id"])
+            go.wait(30)
+            answers.put(post(client, "/charges/", BODY, key).json()["id"])
+            time.sleep(1.1)
+            answers.put(post(client, "/charges/", BODY, key).json()["id"])
+    except Exception as exc:  # reported, so the test sees it
+        answers.put(repr(exc))
+    finally:
+        connections.close_all()
+
+
+@needs_server_db
+def test_another_process_replays_what_it_holds_for_at_most_replay_cache_seconds(
+    api: APIClient, user: User, key: str
+) -> None:
+    with cached(1):
+        first = post(api, "/charges/", BODY, key).json()["id"]
+        connections.close_all()
+        context = multiprocessing.get_context("fork")
+        go, answers = context.Event(), context.Queue()
+        child = context.Process(target=_replay_in_child, args=(user.pk, key, go, answers))
+        child.start()
+        assert answers.get(timeout=30) == first
+        record = IdempotencyRecord.objects.get(key=key)
+        operator(user).post(
+            "/admin/idempotency_app/idempotencyrecord/",
+            {"action": "expire_records", "_selected_action": [record.pk], "post": "yes"},
+        )
+        second = post(api, "/charges/", BODY, key).json()["id"]  # this process: runs again
+        go.set()
+        stale, fresh = answers.get(timeout=30), answers.get(timeout=30)
+        child.join(30)
+    assert second != first
+    assert stale == first, "within REPLAY_CACHE the other process still replays what it held"
+    assert fresh == second, "after REPLAY_CACHE it reads the database again"

@@ -1,9 +1,11 @@
-"""gunicorn servers and HTTP client processes, shared by run.py and scaleout.py.
+"""gunicorn servers and HTTP client processes, shared by run.py, scaleout.py and peers.py.
 
-Servers run the bench project under gunicorn (gthread workers) on loopback.
-Each can import ``idempotency_app`` from another checkout (``library``), so
-one run can measure two versions of the library side by side, and each says
-at start-up, through ``/library/``, where its package really comes from.
+Servers run the bench project under gunicorn (gthread workers unless told
+otherwise) on loopback. Each can import ``idempotency_app`` from another
+checkout (``library``), so one run can measure two versions of the library
+side by side, and each says at start-up, through ``/library/``, where its
+package really comes from. ``peers.py`` also serves other settings (a peer
+library's) with extra directories on the path.
 
 Clients are separate processes, each holding keep-alive ``http.client``
 connections to every server, opened once and spread evenly over the
@@ -33,6 +35,7 @@ from typing import Any
 
 from benchmarks.common import (
     ROOT,
+    SETTINGS,
     git_describe,
     imports_from,
     library_shim,
@@ -307,10 +310,20 @@ class Server:
     ``library``: a checkout whose ``idempotency_app`` this server imports
     instead of this one's, through a ``library_shim`` first on gunicorn's
     path (``--pythonpath``). Every worker's own ``/library/`` answer is
-    checked against the checkout it should run.
+    checked against the checkout it should run. ``settings`` and
+    ``pythonpath`` serve another project's configuration (``peers.py``).
     """
 
-    def __init__(self, port: int, workers: int, threads: int, library: Path | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        workers: int,
+        threads: int,
+        library: Path | None = None,
+        worker_class: str = "gthread",
+        settings: str = SETTINGS,
+        pythonpath: tuple[Path, ...] = (),
+    ) -> None:
         self.port = port
         self.workers = workers
         self.checkout = (library or ROOT).resolve()
@@ -319,15 +332,17 @@ class Server:
             sys.executable, "-m", "gunicorn", "benchmarks.benchproject.wsgi:application",
             "--bind", f"{HOST}:{port}",
             "--workers", str(workers),
-            "--worker-class", "gthread",
-            "--threads", str(threads),
+            "--worker-class", worker_class,
             "--keep-alive", "600",
             "--log-level", "warning",
         ]  # fmt: skip
+        if worker_class == "gthread":  # gunicorn turns sync workers with threads into gthread
+            command += ["--threads", str(threads)]
         self.shim = None if library is None else library_shim(library)
-        if self.shim is not None:
-            command += ["--pythonpath", self.shim.name]
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "benchmarks.benchproject.settings"}
+        paths = [str(p) for p in pythonpath] + ([self.shim.name] if self.shim else [])
+        if paths:
+            command += ["--pythonpath", ",".join(paths)]
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": settings}
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
@@ -335,6 +350,9 @@ class Server:
         self._wait_ready()
         children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
         self.pids = [int(p) for p in children.read_text().split()] if children.exists() else []
+        if not self.pids:  # what answered is another server, left on the port
+            self.stop()
+            raise RuntimeError(f"port {port} is taken:\n{self.log.read_text()[-2000:]}")
         self.library = self._check_library()
 
     def _wait_ready(self) -> None:

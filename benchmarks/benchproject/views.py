@@ -1,7 +1,10 @@
 """The views measured side by side, and one that says which library it runs.
 
 ``floor`` authenticates and returns; ``plain`` is a write view (two writes in
-one transaction); ``idem`` is the very same function under ``@idempotent``.
+one transaction); ``urls.py`` serves the very same ``write`` under
+``@idempotent`` as ``/idem/``, and ``peer_urls.py`` under drf-idempotency's
+middleware. Nothing here imports ``idempotency_app`` at module level, so the
+peer's server (which does not install it) serves these same functions.
 A ``sleep`` in the body holds the transaction open between the two writes:
 the conflict scenario uses it to keep a key in progress.
 """
@@ -17,9 +20,7 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-import idempotency_app
 from benchmarks.benchproject.models import Charge, LedgerEntry
-from idempotency_app import idempotent
 
 
 @api_view(["POST"])
@@ -31,6 +32,8 @@ def floor(request: Request) -> Response:
 def library(request: HttpRequest) -> JsonResponse:
     """Where this server imports ``idempotency_app`` from: an A/B run checks
     that each server measures the checkout it should."""
+    import idempotency_app
+
     return JsonResponse({"path": os.path.realpath(idempotency_app.__file__), "pid": os.getpid()})
 
 
@@ -52,4 +55,3 @@ def write(request: Request) -> Response:
 
 
 plain = api_view(["POST"])(write)
-idem = api_view(["POST"])(idempotent(write))

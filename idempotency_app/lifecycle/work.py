@@ -332,9 +332,7 @@ def _guard(state: _WorkState, alias: str) -> Callable[..., Any]:
         elif savepoints.hold(sql, params, many):
             return None
         else:
-            run = functools.partial(
-                _with_savepoints, savepoints, execute, sql, params, many, context
-            )
+            run = functools.partial(_with_savepoints, state, execute, sql, params, many, context)
         state.judging = sql  # the raw cursor it reaches judges it no more
         try:
             return _judged(state, alias, sql, context["cursor"].cursor, run)
@@ -345,18 +343,22 @@ def _guard(state: _WorkState, alias: str) -> Callable[..., Any]:
 
 
 def _with_savepoints(
-    savepoints: _Savepoints,
+    state: _WorkState,
     execute: Callable[..., Any],
     sql: Any,
     params: Any,
     many: bool,
     context: Any,
 ) -> Any:
-    """Run ``sql`` with the savepoint statements held in front of it."""
+    """Run ``sql`` with the savepoint statements held in front of it (judged
+    already: the driver's cursor it reaches need not judge it again)."""
+    savepoints = state.savepoints
+    assert savepoints is not None
     sent, held = savepoints.prefix(sql, many)
     if not held:
         savepoints.flush(context["connection"])
         return execute(sql, params, many, context)
+    state.judging = sent
     try:
         result = execute(sent, params, many, context)
     except Exception:

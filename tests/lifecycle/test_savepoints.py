@@ -169,3 +169,31 @@ def test_a_block_costs_no_round_trip_of_its_own() -> None:
     assert len(with_blocks) == len(without), (without, with_blocks)
     assert not any(trip.startswith(("SAVEPOINT", "RELEASE")) for trip in with_blocks[:2])
     assert any(trip.startswith('SAVEPOINT "') for trip in with_blocks), "sent with the INSERT"
+
+
+def test_the_guard_reads_each_orm_statement_without_its_lexer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ORM statements take the guard's fast path, also when savepoints are
+    sent in front of them (the driver's cursor must not judge the combined
+    text again): the lexer costs tens of microseconds a statement."""
+    from idempotency_app.lifecycle import statements
+
+    lexed: list[str] = []
+    split = statements.split
+
+    def counting(sql: str, *args: Any, **kwargs: Any) -> Any:
+        lexed.append(sql)
+        return split(sql, *args, **kwargs)
+
+    monkeypatch.setattr(statements, "split", counting)
+
+    def work() -> str:
+        with transaction.atomic():
+            Charge.objects.create(label="a")
+            with transaction.atomic():
+                Charge.objects.create(label="b")
+        return "done"
+
+    assert once("k9", work) == "done"
+    assert lexed == []

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -61,7 +62,8 @@ from benchmarks.load import (
 
 PEER = "drf-idempotency==1.0.0"
 PEER_SETTINGS = "benchmarks.benchproject.peer_settings"
-OURS, PEER_NAME, BASE = "ours", "peer", "base"
+OURS, CACHED, PEER_NAME, BASE = "ours", "ours+cache", "peer", "base"
+CACHED_SETTINGS = "benchmarks.benchproject.replay_cache_settings"
 SCENARIOS = {"floor": FLOOR, "plain": PLAIN, "fresh": FRESH, "replay": REPLAY}
 PHASES = ("c1", "loaded")
 
@@ -123,6 +125,11 @@ class Peers(Fleet):
         servers: dict[str, Server] = {}
         try:  # a server that fails to start stops those started before it
             servers[OURS] = Server(args.port, args.workers, 1, worker_class="sync")
+            if args.replay_cache > 0:
+                os.environ["IDEMPOTENCY_BENCH_REPLAY_CACHE"] = str(args.replay_cache)
+                servers[CACHED] = Server(
+                    args.port + 3, args.workers, 1, worker_class="sync", settings=CACHED_SETTINGS
+                )
             servers[PEER_NAME] = PeerServer(args.port + 1, args.workers, peer_dir)
             if args.baseline:
                 servers[BASE] = Server(
@@ -281,7 +288,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4, help="gunicorn sync workers per server")
     parser.add_argument("--processes", type=int, default=2, help="client processes")
     parser.add_argument("--connections", type=int, default=8, help="loaded connections, in all")
-    parser.add_argument("--port", type=int, default=8751, help="the peer takes port + 1, base + 2")
+    parser.add_argument(
+        "--port", type=int, default=8751, help="the peer takes port + 1, base + 2, ours+cache + 3"
+    )
+    parser.add_argument(
+        "--replay-cache",
+        type=float,
+        default=5,
+        metavar="SECONDS",
+        help="also ours with REPLAY_CACHE set to this (0: not)",
+    )
     parser.add_argument("--baseline", type=Path, metavar="DIR", help="a checkout of ours to add")
     parser.add_argument("--peer-dir", type=Path, help=f"where {PEER} is (or goes) installed")
     parser.add_argument("--race-keys", type=int, default=60)

@@ -6,6 +6,7 @@ IDEMPOTENCY_TEST_DB_PORT    default 5432 (postgres) / 3306 (mysql)
 IDEMPOTENCY_TEST_DB_USER    default postgres / root
 IDEMPOTENCY_TEST_DB_PASSWORD  default empty
 IDEMPOTENCY_TEST_DB_NAME    default test (the test run uses test_<name>)
+IDEMPOTENCY_TEST_PG_PREPARE  PostgreSQL OPTIONS prepare_threshold (unset: Django's default, off)
 IDEMPOTENCY_TEST_REDIS_URL  e.g. redis://127.0.0.1:6379/0; unset = local-memory cache
 """
 
@@ -71,6 +72,13 @@ if DB in ("postgres", "postgresql"):
             "USER": os.environ.get("IDEMPOTENCY_TEST_DB_USER", "postgres"),
             "PASSWORD": _password,
             "NAME": _name,
+            # IDEMPOTENCY_TEST_PG_PREPARE=5: psycopg prepares the claim (off
+            # by default in Django, as here).
+            "OPTIONS": (
+                {"prepare_threshold": int(os.environ["IDEMPOTENCY_TEST_PG_PREPARE"])}
+                if os.environ.get("IDEMPOTENCY_TEST_PG_PREPARE")
+                else {}
+            ),
         }
     }
 elif DB in ("mysql", "mariadb"):

@@ -56,9 +56,12 @@ class Backend(base.Backend):
     def claim(
         self, identity: Identity, token: str, ttl: float, lease: float
     ) -> Existing | Claimed | None:
-        alone = base.runs_alone(connections[self.using])
+        connection = connections[self.using]
+        alone = base.runs_alone(connection)
         params = self.claim_params(identity, token, ttl, lease)
-        _, row = self.execute(self.claim_alone_sql if alone else self.claim_sql, params)
+        with _preparing_cursor(connection) as cursor:
+            cursor.execute(self.claim_alone_sql if alone else self.claim_sql, params)
+            row = cursor.fetchone()
         if row is None:
             # Lost the race to a row this statement's snapshot cannot see yet.
             return self.fetch(identity)
@@ -115,3 +118,31 @@ def sends_text(cursor_class: Any) -> bool:
     except ImportError:
         return False
     return isinstance(cursor_class, type) and issubclass(cursor_class, ClientCursor)
+
+
+def _preparing_cursor(connection: Any) -> Any:
+    """A cursor for the claim that psycopg 3 prepares once it has run the
+    statement ``prepare_threshold`` times on the connection: the server then
+    neither parses nor plans it again, about 0.2 ms of its CPU per claim.
+    Django turns preparing off (``prepare_threshold`` None, for connection
+    poolers) unless ``OPTIONS`` sets it; then Django's own cursors, which
+    send text (client-side binding), still never prepare, and this one,
+    which binds parameters on the server (strings as text, so that one used
+    twice has one type), does. It is Django's cursor wrapper all the same
+    (execute wrappers, query logging, error translation)."""
+    connection.close_if_health_check_failed()  # as Django's own cursor() does
+    connection.ensure_connection()
+    raw = connection.connection
+    if getattr(raw, "prepare_threshold", None) is None or not sends_text(
+        getattr(raw, "cursor_factory", None)
+    ):
+        return connection.cursor()
+    from psycopg import Cursor
+    from psycopg.types.string import StrDumper
+
+    with connection.wrap_database_errors:
+        cursor = Cursor(raw)
+        cursor.adapters.register_dumper(str, StrDumper)
+    if connection.queries_logged:
+        return connection.make_debug_cursor(cursor)
+    return connection.make_cursor(cursor)

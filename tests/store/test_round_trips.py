@@ -119,3 +119,38 @@ def test_the_completion_and_commit_leave_django_nothing_to_send(api: APIClient, 
     trips, response = round_trips(lambda: post(api, "/charges/", BODY, key))
     assert response.status_code == 201
     assert "COMMIT" not in trips, trips
+
+
+def _prepared() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.mark.postgresql
+def test_the_claim_is_prepared_where_options_allow_it(
+    api: APIClient, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With OPTIONS prepare_threshold, the server stops parsing and planning
+    the claim once psycopg has run it that many times on the connection;
+    Django's own statements (client-side binding) are never prepared."""
+    monkeypatch.setitem(connection.settings_dict["OPTIONS"], "prepare_threshold", 5)
+    connection.close()  # a session of its own, opened with the option
+    try:
+        for n in range(6):
+            post(api, "/charges/", BODY, f"{key}-{n}")
+        prepared = _prepared()
+    finally:
+        connection.close()
+    assert [sql.split(" (")[0] for sql in prepared] == ["WITH ins AS"], prepared
+
+
+@pytest.mark.postgresql
+def test_nothing_is_prepared_by_default(api: APIClient, key: str) -> None:
+    """Django leaves preparing off, for connection poolers (PgBouncer's
+    transaction pooling before 1.21): a prepared statement lives in one
+    server session, which the next transaction may not get."""
+    connection.close()
+    for n in range(6):
+        post(api, "/charges/", BODY, f"{key}-{n}")
+    assert _prepared() == []

@@ -207,11 +207,12 @@ class _Savepoints:
             return True
         return False  # a ROLLBACK TO must reach the server: it goes with what is held
 
-    def prefix(self, sql: Any, many: bool) -> tuple[Any, list[str]]:
+    def prefix(self, sql: Any, alone: bool) -> tuple[Any, list[str]]:
         """``sql`` with the held statements in front, and those statements
-        (their results come first); ``many`` (one statement per parameter
-        set) and composed SQL take none, so ``flush`` sends those ahead."""
-        if not self.held or many or not isinstance(sql, str):
+        (their results come first). SQL that must go ``alone`` (executemany,
+        a cursor that binds on the server) and composed SQL take none, so
+        ``flush`` sends those ahead."""
+        if not self.held or alone or not isinstance(sql, str):
             return sql, []
         held, self.held = self.held, []
         return "; ".join([*held, sql]), held
@@ -354,7 +355,9 @@ def _with_savepoints(
     already: the driver's cursor it reaches need not judge it again)."""
     savepoints = state.savepoints
     assert savepoints is not None
-    sent, held = savepoints.prefix(sql, many)
+    # A cursor that binds on the server (the claim's, when it is prepared)
+    # takes one statement: the held ones go ahead of it.
+    sent, held = savepoints.prefix(sql, many or not sends_text(type(context["cursor"].cursor)))
     if not held:
         savepoints.flush(context["connection"])
         return execute(sql, params, many, context)

@@ -197,3 +197,24 @@ def test_the_guard_reads_each_orm_statement_without_its_lexer(
 
     assert once("k9", work) == "done"
     assert lexed == []
+
+
+@pytest.mark.postgresql
+def test_a_claim_inside_the_work_on_a_preparing_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim made inside the work (an event handled inside another) opens
+    a savepoint, then claims through a cursor that binds on the server where
+    the claim is prepared: that cursor takes one statement, so the held
+    savepoint must go ahead of it, not in front."""
+    monkeypatch.setitem(connection.settings_dict["OPTIONS"], "prepare_threshold", 1)
+    connection.close()
+    try:
+
+        def outer() -> str:
+            Charge.objects.create(label="outer")
+            return once("inner", lambda: Charge.objects.create(label="inner") and "inner done")
+
+        assert once("outer", outer) == "inner done"
+        assert once("outer", outer) == "inner done"  # replayed
+    finally:
+        connection.close()
+    assert labels() == ["inner", "outer"]

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from rest_framework.test import APIClient
 
 from tests.conftest import post
@@ -154,3 +154,30 @@ def test_nothing_is_prepared_by_default(api: APIClient, key: str) -> None:
     for n in range(6):
         post(api, "/charges/", BODY, f"{key}-{n}")
     assert _prepared() == []
+
+
+@pytest.mark.postgresql
+def test_the_claim_is_the_only_round_trip_added_to_work_in_a_transaction(key: str) -> None:
+    """The physical limit: a duplicate must see the claim, so it is a round
+    trip of its own; the work's BEGIN is the view's own, its savepoint rides
+    with its statements and the completion with the COMMIT."""
+    from idempotency_app import service
+    from tests.testapp.models import Charge
+
+    def work() -> str:
+        with transaction.atomic():
+            Charge.objects.create(label="a")
+            Charge.objects.create(label="b")
+        return "done"
+
+    def under_a_key() -> Any:
+        with service.once("tests:trips", key, "op") as run:
+            run.result = work()
+        return run.result
+
+    alone, _ = round_trips(work)
+    keyed, result = round_trips(under_a_key)
+    assert result == "done"
+    assert len(alone) == 4, alone  # BEGIN, two INSERTs, COMMIT
+    assert len(keyed) == len(alone) + 1, keyed
+    assert keyed[0].startswith("WITH INS AS"), keyed

@@ -22,7 +22,7 @@ from django.utils.module_loading import import_string
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from idempotency_app.conf import DEFAULTS, SAFE_METHODS, conf
+from idempotency_app.conf import DEFAULTS, MAX_REPLAY_CACHE, SAFE_METHODS, conf
 
 # Every check's ID (after "idempotency_app.") and what it finds.
 CHECKS: dict[str, str] = {
@@ -101,8 +101,6 @@ DURATION_KEYS = (
     "AUTO_SWEEP_INTERVAL",
     "REPLAY_CACHE",
 )
-# The longest a process may replay what an operator has since expired.
-MAX_REPLAY_CACHE = 60
 
 
 def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:

@@ -39,6 +39,10 @@ DEFAULTS: dict[str, Any] = {
     "PROBLEM_TYPE_BASE": "urn:idempotency-app:problem:",
 }
 
+# The longest REPLAY_CACHE may be: how long another process may replay a
+# record an operator has expired. A record expiring sooner is never held.
+MAX_REPLAY_CACHE = 60
+
 # Safe methods change nothing, so a key never makes them claim anything.
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 

@@ -267,6 +267,7 @@ def _claim(identity: Identity, policy: Policy, deadline: float, token: str) -> C
     records = store.backend(policy.using)
     nested = in_transaction(policy.using)
     blocks = connections[policy.using].atomic_blocks
+    read_since = replays.generation()
     origin = blocks[0] if nested and blocks else None
 
     def held(guarded: bool) -> Claim:
@@ -293,7 +294,8 @@ def _claim(identity: Identity, policy: Policy, deadline: float, token: str) -> C
                 raise KeyReused(identity.key)
             if found.response is not None:
                 signals.replayed.send(Claim, identity=identity)
-                replays.put(identity, policy.using, found.response)
+                if not nested and not found.expiring:  # committed, and not about to expire
+                    replays.put(identity, policy.using, found.response, read_since)
                 return Replay(found.response)
             if found.interrupted:
                 raise OutcomeUnknown(identity.key)

@@ -3,16 +3,19 @@ that a retry of a key this process completed or replayed a moment ago is
 answered without reaching the database (off by default).
 
 What it trades: for up to ``REPLAY_CACHE`` seconds a process may replay a
-record that has changed in the database since it read it. Completed
-records change only when an operator expires or deletes them in the admin
-(or the sweep deletes them once expired); the admin's actions empty this
-process's cache at once, but every other process keeps replaying what it
-holds until its entry is ``REPLAY_CACHE`` seconds old. A request that does
-not match what is held (another operation or fingerprint) always asks the
-database, which answers 422 or whatever is true there.
+record that has changed in the database since it read it. A completed
+record changes when an operator expires or releases it in the admin, and
+when its ``TTL`` ends. Only committed records are held, never one read
+inside a transaction; none past its own expiry (a record that expires
+within ``MAX_REPLAY_CACHE`` seconds of being read is not held); and the
+admin's actions empty this process's cache once they commit, counting a
+replay read before that as stale. Every other process keeps replaying what
+it holds until its entry is ``REPLAY_CACHE`` seconds old. A request that
+does not match what is held (another operation or fingerprint) always asks
+the database, which answers 422 or whatever is true there.
 
 Bounded: at most ``REPLAY_CACHE_ENTRIES`` responses, the oldest dropped
-first, and none whose body is over ``MAX_ENTRY_BYTES``.
+first, and none over ``MAX_ENTRY_BYTES`` (body and headers).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ MAX_ENTRY_BYTES = 64 * 1024
 _Entry = tuple[float, str, str, StoredResponse]
 _entries: OrderedDict[tuple[str, str, str], _Entry] = OrderedDict()
 _lock = threading.Lock()
+# Moves on at every clear(): a response read before it is not put after it.
+_generation = 0
 
 
 def get(identity: Identity, using: str) -> StoredResponse | None:
@@ -49,20 +54,35 @@ def get(identity: Identity, using: str) -> StoredResponse | None:
     return response
 
 
-def put(identity: Identity, using: str, response: StoredResponse) -> None:
-    """Hold ``response`` (completed, committed) for ``REPLAY_CACHE`` seconds."""
+def generation() -> int:
+    """Take this before reading a response that may be put."""
+    return _generation
+
+
+def put(
+    identity: Identity, using: str, response: StoredResponse, since: int, ttl: float | None = None
+) -> None:
+    """Hold ``response`` (completed and committed, read or stored after
+    ``generation()`` returned ``since``) for ``REPLAY_CACHE`` seconds, or
+    until ``ttl`` seconds from now if sooner."""
     seconds = conf.REPLAY_CACHE
     if seconds <= 0:
         return
-    if len(response.body or b"") > MAX_ENTRY_BYTES:
-        forget(using, identity)  # nor what was held before it
-        return
-    entry = (time.monotonic() + seconds, identity.operation, identity.fingerprint, response)
-    limit = conf.REPLAY_CACHE_ENTRIES
+    if ttl is not None:
+        seconds = min(seconds, ttl)
+    size = len(response.body or b"") + sum(len(k) + len(v) for k, v in response.headers)
+    item = (using, identity.scope, identity.key)
     with _lock:
-        _entries.pop((using, identity.scope, identity.key), None)  # to the newest end
-        _entries[(using, identity.scope, identity.key)] = entry
-        while len(_entries) > limit:
+        _entries.pop(item, None)  # to the newest end, or gone if not held again
+        if since != _generation or size > MAX_ENTRY_BYTES:
+            return
+        _entries[item] = (
+            time.monotonic() + seconds,
+            identity.operation,
+            identity.fingerprint,
+            response,
+        )
+        while len(_entries) > conf.REPLAY_CACHE_ENTRIES:
             _entries.popitem(last=False)
 
 
@@ -73,12 +93,13 @@ def forget(using: str, identity: Identity) -> None:
 
 def clear() -> None:
     """Forget everything: an operator changed records this process may hold."""
+    global _generation
     with _lock:
+        _generation += 1
         _entries.clear()
 
 
 def clear_on_commit(using: str) -> None:
     """Forget everything once an operator's change on ``using`` commits (at
-    once outside a transaction): cleared earlier, a replay in between could
-    bring the old record back."""
+    once outside a transaction)."""
     transaction.on_commit(clear, using=using)

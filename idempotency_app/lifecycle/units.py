@@ -54,7 +54,7 @@ from idempotency_app.lifecycle.claims import (
 )
 from idempotency_app.lifecycle.drivers import is_lock_conflict
 from idempotency_app.lifecycle.work import UnitAtomic
-from idempotency_app.store import Identity, StoredResponse
+from idempotency_app.store import Existing, Identity, StoredResponse
 
 logger = logging.getLogger("idempotency_app")
 
@@ -180,18 +180,19 @@ class Unit(Generic[T]):
             )
         except DatabaseError as exc:
             transaction.set_rollback(True, using=held.using)
+            if commits:
+                # From the completion or from a COMMIT sent with it: what the
+                # record says now decides (``_after_failed_commit``).
+                self.result = Executed(self.value, response)
+                raise
             if is_lock_conflict(exc):
                 # The record changed under the work's snapshot (a takeover at
                 # REPEATABLE READ) or a deadlock: lost like a takeover, a 409.
-                # Nothing committed: the error skipped any COMMIT sent with it.
                 logger.warning(
                     "Rolled back work on idempotency key %r: completing it met %s", held.key, exc
                 )
                 self.failure = ClaimLost(held.key)
                 return
-            if commits:
-                self.result = Executed(self.value, response)
-                raise
             if isinstance(exc, OperationalError | InterfaceError):
                 raise StoreUnavailable(str(exc)) from exc
             # The work left the transaction unusable (PostgreSQL aborts it at
@@ -234,6 +235,7 @@ def unit_of_work(held: Claim) -> Iterator[Unit[Any]]:
     """
     unit: Unit[Any] = Unit(held)
     body_done = False
+    since = replays.generation()
     try:
         with held.transaction():
             with _mark_running(held), work.confined(held.identity, held.using):
@@ -253,6 +255,8 @@ def unit_of_work(held: Claim) -> Iterator[Unit[Any]]:
                 if unit.failure is None:
                     return  # the commit landed, only its answer was lost: the success stands
                 held.let_go()
+                if isinstance(unit.failure, ClaimLost):
+                    signals.conflict.send(Claim, identity=held.identity)
                 return
             held.let_go()
             raise
@@ -264,7 +268,7 @@ def unit_of_work(held: Claim) -> Iterator[Unit[Any]]:
         held.let_go(held.policy.marker if unit.marked else 0)
     elif isinstance(held, AtomicClaim):  # committed: its retries may skip the database
         assert unit.result is not None and unit.result.stored is not None
-        replays.put(held.identity, held.using, unit.result.stored)
+        replays.put(held.identity, held.using, unit.result.stored, since, held.policy.ttl)
     if isinstance(unit.failure, ClaimLost):
         # Sent once the work is over, so that no receiver's writes are part of it.
         signals.conflict.send(Claim, identity=held.identity)
@@ -272,17 +276,24 @@ def unit_of_work(held: Claim) -> Iterator[Unit[Any]]:
 
 def _after_failed_commit(
     held: AtomicClaim, unit: Unit[Any], exc: BaseException
-) -> WorkRolledBack | None:
-    """The transaction holding a stored outcome failed around its commit.
-    An ``on_commit`` hook that raised after the commit propagates as Django
-    reports it (the outcome is stored). Otherwise the record is read back: a
-    commit whose answer was lost is the success it was (None); one that did
-    not land is rolled back, or ``StoreUnavailable`` when the database could
-    not answer. A serialization failure is the work's, not the database's."""
+) -> WorkRolledBack | ClaimLost | None:
+    """The transaction holding a stored outcome failed around its commit (on
+    PostgreSQL the completion and the COMMIT are one message, so any error of
+    either lands here). An ``on_commit`` hook that raised after the commit
+    propagates as Django reports it (the outcome is stored). Otherwise the
+    record is read back: a commit whose answer was lost is the success it
+    was (None); a claim that another worker took over (or that is gone) was
+    lost, a 409; otherwise the work is rolled back, or ``StoreUnavailable``
+    when the database could not answer. A serialization failure is the
+    work's, not the database's."""
     if _hook_failed(held.using):
         raise exc
-    if _completed(held):
+    readable, found = _read_back(held)
+    if found is not None and found.token == held.token and found.response is not None:
         return None
+    if readable and (found is None or found.token != held.token):
+        logger.warning("Rolled back work on idempotency key %r: its claim was taken over", held.key)
+        return ClaimLost(held.key)
     if isinstance(exc, OperationalError | InterfaceError) and not is_lock_conflict(exc):
         held.let_go()
         raise StoreUnavailable(str(exc)) from exc
@@ -327,14 +338,14 @@ def _hook_failed(using: str) -> bool:
     return bool(getattr(connections[using], "run_commit_hooks_on_set_autocommit_on", False))
 
 
-def _completed(held: Claim) -> bool:
-    """After a failure around the commit: did our completion commit anyway?
-    Unknown (the database is unreachable) counts as no: a retry learns."""
+def _read_back(held: Claim) -> tuple[bool, Existing | None]:
+    """After a failure around the commit: whether the record could be read,
+    and the record. Unreadable (the database is unreachable) counts as not
+    completed: a retry learns."""
     try:
-        found = store.backend(held.using).fetch(held.identity)
+        return True, store.backend(held.using).fetch(held.identity)
     except Error:
-        return False
-    return found is not None and found.token == held.token and found.response is not None
+        return False, None
 
 
 def refuse_generator(func: Callable[..., Any], decorator: str) -> None:

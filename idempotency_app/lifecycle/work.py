@@ -48,7 +48,7 @@ from django.db.transaction import Atomic
 from idempotency_app.exceptions import CannotBeAtomic, TransactionEnded
 from idempotency_app.lifecycle import drivers, statements
 from idempotency_app.store import Identity
-from idempotency_app.store.postgresql import sends_text
+from idempotency_app.store.postgresql import makes_text_cursors, sends_text
 
 
 class UnitAtomic(Atomic):
@@ -106,7 +106,8 @@ class _WorkState:
         raw = connections[using].connection
         self.savepoints = (
             _Savepoints()
-            if self.vendor == "postgresql" and sends_text(getattr(raw, "cursor_factory", None))
+            if self.vendor == "postgresql"
+            and makes_text_cursors(getattr(raw, "cursor_factory", None))
             else None
         )
         self.observe()
@@ -162,50 +163,42 @@ class _WorkState:
             self.observe()
 
 
-# A savepoint statement as Django's PostgreSQL backend writes it (its names
-# are s<thread>_x<n>), and nothing else.
+# Django's PostgreSQL backend's savepoint statements (its names are
+# s<thread>_x<n>), and nothing else.
 _PQ_INERROR = 3
-_DJANGO_SAVEPOINT = re.compile(r'(SAVEPOINT|RELEASE SAVEPOINT|ROLLBACK TO SAVEPOINT) ("s\d+_x\d+")')
+_DJANGO_RELEASE = re.compile(r'RELEASE SAVEPOINT "s\d+_x\d+"')
+_DJANGO_ROLLBACK_TO = re.compile(r'ROLLBACK TO SAVEPOINT "s\d+_x\d+"')
 
 
 class _Savepoints:
-    """Django's savepoints inside the work, without a round trip of their own.
+    """The work's RELEASE SAVEPOINTs, without a round trip of their own.
 
-    A ``transaction.atomic()`` block in the work is a savepoint: SAVEPOINT
-    and RELEASE SAVEPOINT, two round trips that do nothing but wait. Here
-    each is held back and sent in front of the next statement, in the same
-    simple query (psycopg 3's client-side cursors send several statements in
-    one message and answer the last one's result once the others are
-    skipped over). A block in which no statement ran costs nothing; a
-    RELEASE still held when the work ends is never sent, since the COMMIT
-    (or the release of the savepoint around the work) releases it anyway.
+    A ``transaction.atomic()`` block in the work is a savepoint, and its
+    RELEASE only waits. Here it is held back and sent in front of the next
+    statement, in the same simple query (psycopg 3's client-side cursors
+    send several statements in one message and answer the last one's result
+    once the others are skipped over); one still held when the work ends is
+    never sent, since the COMMIT (or the release of the savepoint around the
+    work) releases it too, and a ROLLBACK TO destroys the savepoints made
+    after its own. Releasing late changes nothing a statement can see. The
+    SAVEPOINT itself is sent at once: a statement the library does not see
+    (a cursor class instantiated by hand) must run after it.
     """
 
     def __init__(self) -> None:
         self.held: list[str] = []
 
     def hold(self, sql: Any, params: Any, many: bool) -> bool:
-        """Whether ``sql`` is a savepoint statement held back (or, with the
-        SAVEPOINT still held, cancelled) rather than sent."""
+        """Whether ``sql`` is Django's RELEASE SAVEPOINT, held back."""
         if params is not None or many or not isinstance(sql, str):
             return False
-        match = _DJANGO_SAVEPOINT.fullmatch(sql)
-        if match is None:
+        if _DJANGO_ROLLBACK_TO.fullmatch(sql):
+            self.held.clear()  # destroyed by the rollback; no use in an aborted transaction
             return False
-        kind, name = match.groups()
-        if kind == "SAVEPOINT":
-            self.held.append(sql)
-            return True
-        if self.held and self.held[-1] == f"SAVEPOINT {name}":
-            # Nothing ran inside it: nothing to undo, and once released
-            # nothing to send. (A rollback keeps it, as the server would.)
-            if kind == "RELEASE SAVEPOINT":
-                self.held.pop()
-            return True
-        if kind == "RELEASE SAVEPOINT":
-            self.held.append(sql)
-            return True
-        return False  # a ROLLBACK TO must reach the server: it goes with what is held
+        if _DJANGO_RELEASE.fullmatch(sql) is None:
+            return False
+        self.held.append(sql)
+        return True
 
     def prefix(self, sql: Any, alone: bool) -> tuple[Any, list[str]]:
         """``sql`` with the held statements in front, and those statements
@@ -222,7 +215,8 @@ class _Savepoints:
         if self.held:
             held, self.held = self.held, []
             with by_the_library(), connection.cursor() as cursor:
-                cursor.execute("; ".join(held))
+                for statement in ["; ".join(held)] if sends_text(cursor.cursor) else held:
+                    cursor.execute(statement)
 
 
 # The work running in this context; None outside any work.
@@ -357,25 +351,31 @@ def _with_savepoints(
     assert savepoints is not None
     # A cursor that binds on the server (the claim's, when it is prepared)
     # takes one statement: the held ones go ahead of it.
-    sent, held = savepoints.prefix(sql, many or not sends_text(type(context["cursor"].cursor)))
+    sent, held = savepoints.prefix(sql, many or not sends_text(context["cursor"].cursor))
     if not held:
         savepoints.flush(context["connection"])
         return execute(sql, params, many, context)
     state.judging = sent
     try:
         result = execute(sent, params, many, context)
-    except Exception:
-        if not _failed(context):
-            savepoints.held[:0] = held  # refused before it was sent: still to send
+    except Exception as exc:
+        if _refused_before_sending(exc, context):
+            savepoints.held[:0] = held  # still to send
         raise
     for _ in held:
         context["cursor"].cursor.nextset()
     return result
 
 
-def _failed(context: Any) -> bool:
-    """Whether the server failed the transaction (libpq's "in error")."""
-    return bool(context["connection"].connection.pgconn.transaction_status == _PQ_INERROR)
+def _refused_before_sending(exc: BaseException, context: Any) -> bool:
+    """Whether the driver refused the statement before sending it (a
+    parameter it cannot adapt): its own error, without a server's SQLSTATE,
+    the transaction still sound. Anything else may have run."""
+    driver_error = exc if hasattr(exc, "sqlstate") else exc.__cause__
+    if getattr(driver_error, "sqlstate", "") is not None:
+        return False
+    status = context["connection"].connection.pgconn.transaction_status
+    return bool(status != _PQ_INERROR)
 
 
 def _ends(ending: str) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 from django.db import connections
 
 from idempotency_app import clock
+from idempotency_app.conf import MAX_REPLAY_CACHE
 from idempotency_app.exceptions import UnstorableIdentity
 from idempotency_app.models import IdempotencyRecord
 
@@ -76,6 +77,8 @@ class Existing:
     expired: bool
     lapsed: bool
     response: StoredResponse | None
+    # Expires within MAX_REPLAY_CACHE seconds: never held in memory.
+    expiring: bool = True
 
     def matches(self, identity: Identity) -> bool:
         return self.operation == identity.operation and self.fingerprint == identity.fingerprint
@@ -143,7 +146,8 @@ class Backend:
         self.existing_columns = (
             f"{token}, {q('operation')}, {q('fingerprint')}, {status}, "
             f"{q('expires_at')} <= {now}, {q('locked_until')} <= {now}, "
-            f"{q('response_status')}, {q('response_headers')}, {q('response_body')}"
+            f"{q('response_status')}, {q('response_headers')}, {q('response_body')}, "
+            f"{q('expires_at')} <= {self.now('soon')}"
         )
         # The claim's INSERT, and the values it writes (VALUES or SELECT them).
         self.insert_into = f"INSERT INTO {self.table} ({', '.join(q(c) for c in CLAIM_COLUMNS)})"
@@ -231,8 +235,12 @@ class Backend:
     ) -> tuple[int, Any]:
         """The rows the statement touched, and its first row if it returns any."""
         with (connection or connections[self.using]).cursor() as cursor:
+            self.adapt(cursor.cursor)
             cursor.execute(sql, params)
             return cursor.rowcount, cursor.fetchone() if cursor.description else None
+
+    def adapt(self, cursor: Any) -> None:
+        """Ready the driver's ``cursor`` for the store's statements."""
 
     # -- the lifecycle -----------------------------------------------------
 
@@ -251,14 +259,14 @@ class Backend:
         self, identity: Identity, token: str, ttl: float, lease: float
     ) -> dict[str, Any]:
         return {
-            **self.params(identity, expires=ttl, lease=lease),
+            **self.params(identity, expires=ttl, lease=lease, soon=MAX_REPLAY_CACHE),
             "operation": identity.operation,
             "fingerprint": identity.fingerprint,
             "token": token,
         }
 
     def fetch(self, identity: Identity) -> Existing | None:
-        _, row = self.execute(self.select, self.params(identity))
+        _, row = self.execute(self.select, self.params(identity, soon=MAX_REPLAY_CACHE))
         return None if row is None else existing(row)
 
     def take_over(
@@ -388,15 +396,16 @@ class Backend:
 
 def existing(row: Sequence[Any]) -> Existing:
     """The record a claim met, from the columns of ``existing_columns``."""
-    token, operation, fingerprint, status, expired, lapsed, resp_status, resp_headers, resp_body = (
-        row
-    )
+    token, operation, fingerprint, status, expired, lapsed = row[:6]
+    resp_status, resp_headers, resp_body, expiring = row[6:]
     response = None
     if status == COMPLETED:
         headers = parse_headers(resp_headers)
         body = None if resp_body is None else bytes(resp_body)
         response = StoredResponse(None if resp_status is None else int(resp_status), headers, body)
-    return Existing(token, operation, fingerprint, status, bool(expired), bool(lapsed), response)
+    return Existing(
+        token, operation, fingerprint, status, bool(expired), bool(lapsed), response, bool(expiring)
+    )
 
 
 def runs_alone(connection: Any) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db import IntegrityError, connections
 
+from idempotency_app.conf import MAX_REPLAY_CACHE
 from idempotency_app.store import base
 from idempotency_app.store.base import CLAIMED, Claimed, Existing, Identity
 
@@ -71,7 +72,8 @@ class Backend(base.Backend):
     def fetch(self, identity: Identity) -> Existing | None:
         locking = connections[self.using].in_atomic_block
         _, row = self.execute(
-            self.select_locking if locking else self.select, self.params(identity)
+            self.select_locking if locking else self.select,
+            self.params(identity, soon=MAX_REPLAY_CACHE),
         )
         return None if row is None else base.existing(row)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import connections, transaction
 
 from idempotency_app.store import base
 from idempotency_app.store.base import CLAIMED, Claimed, Existing, Identity, StoredResponse
@@ -30,7 +30,7 @@ class Backend(base.Backend):
                 f"WITH ins AS ({self.insert_into} SELECT {self.claim_values} "
                 f"WHERE NOT EXISTS (SELECT 1 FROM {self.table} WHERE {self.where_key}) "
                 f"{on_conflict} RETURNING 1){cfg} "
-                f"SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM ins{join} "
+                f"SELECT {', '.join(['NULL'] * 10)} FROM ins{join} "
                 f"UNION ALL {self.select}"
             )
 
@@ -60,6 +60,7 @@ class Backend(base.Backend):
         alone = base.runs_alone(connection)
         params = self.claim_params(identity, token, ttl, lease)
         with _preparing_cursor(connection) as cursor:
+            self.adapt(cursor.cursor)
             cursor.execute(self.claim_alone_sql if alone else self.claim_sql, params)
             row = cursor.fetchone()
         if row is None:
@@ -77,20 +78,27 @@ class Backend(base.Backend):
     ) -> bool:
         """With ``commit``, send the COMMIT with the completion when the
         driver sends statements as text (psycopg 3's client-side binding,
-        Django's default): one round trip instead of two, and Django's own
-        commit then finds nothing to do."""
+        Django's default, outside pipeline mode): one round trip instead of
+        two, and Django's own commit then finds nothing to do. Any error
+        then leaves it to the caller to read back what committed."""
         if not commit:
             return super().complete(identity, token, response, ttl)
         params = self.complete_params(identity, token, response, ttl)
         with connections[self.using].cursor() as cursor:
-            merged = sends_text(type(cursor.cursor))
-            try:
-                cursor.execute(self.complete_commit_sql if merged else self.complete_sql, params)
-            except DatabaseError as exc:
-                if merged and CLAIM_LOST in str(exc):
-                    return False
-                raise
+            self.adapt(cursor.cursor)
+            merged = sends_text(cursor.cursor)
+            cursor.execute(self.complete_commit_sql if merged else self.complete_sql, params)
             return merged or cursor.rowcount == 1
+
+    def adapt(self, cursor: Any) -> None:
+        """A cursor that binds parameters on the server (Django's
+        ``server_side_binding``, or the prepared claim's) sends strings as
+        text: sent as "unknown", one used twice (the key, in the claim's
+        INSERT and its NOT EXISTS) would get two types and fail."""
+        if not makes_text_cursors(type(cursor)):
+            from psycopg.types.string import StrDumper
+
+            cursor.adapters.register_dumper(str, StrDumper)
 
     def renews_in_place(self) -> bool:
         """At REPEATABLE READ or SERIALIZABLE, the work could not complete a
@@ -108,11 +116,17 @@ class Backend(base.Backend):
         return str(row[0])
 
 
-def sends_text(cursor_class: Any) -> bool:
-    """Whether cursors of ``cursor_class`` (the driver's) send a statement
-    with its parameters as text in one simple query, which may hold several
-    statements: psycopg 3's client-side cursors. (psycopg2 does too, but
-    keeps its own idea of the transaction and would send COMMIT again.)"""
+def sends_text(cursor: Any) -> bool:
+    """Whether ``cursor`` (the driver's) sends a statement with its
+    parameters as text in one simple query, which may hold several
+    statements: psycopg 3's client-side cursors, outside pipeline mode.
+    (psycopg2 does too, but keeps its own idea of the transaction and would
+    send COMMIT again.)"""
+    return makes_text_cursors(type(cursor)) and cursor.connection.pgconn.pipeline_status == 0
+
+
+def makes_text_cursors(cursor_class: Any) -> bool:
+    """Whether cursors of ``cursor_class`` are psycopg 3's client-side ones."""
     try:
         from psycopg import ClientCursor
     except ImportError:
@@ -133,16 +147,14 @@ def _preparing_cursor(connection: Any) -> Any:
     connection.close_if_health_check_failed()  # as Django's own cursor() does
     connection.ensure_connection()
     raw = connection.connection
-    if getattr(raw, "prepare_threshold", None) is None or not sends_text(
+    if getattr(raw, "prepare_threshold", None) is None or not makes_text_cursors(
         getattr(raw, "cursor_factory", None)
     ):
         return connection.cursor()
     from psycopg import Cursor
-    from psycopg.types.string import StrDumper
 
     with connection.wrap_database_errors:
         cursor = Cursor(raw)
-        cursor.adapters.register_dumper(str, StrDumper)
     if connection.queries_logged:
         return connection.make_debug_cursor(cursor)
     return connection.make_cursor(cursor)

@@ -157,10 +157,15 @@ def test_entries_are_bounded(api: APIClient) -> None:
 def test_a_large_body_is_not_held() -> None:
     identity = Identity("user:1", "k", "POST charges/", "f" * 64)
     with cached():
-        replays.put(identity, "default", StoredResponse(201, (), b"x" * replays.MAX_ENTRY_BYTES))
+        replays.put(
+            identity,
+            "default",
+            StoredResponse(201, (), b"x" * replays.MAX_ENTRY_BYTES),
+            replays.generation(),
+        )
         assert replays.get(identity, "default") is not None
         big = StoredResponse(201, (), b"x" * (replays.MAX_ENTRY_BYTES + 1))
-        replays.put(identity, "default", big)
+        replays.put(identity, "default", big, replays.generation())
         assert replays.get(identity, "default") is None
 
 

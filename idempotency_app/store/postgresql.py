@@ -81,14 +81,16 @@ class Backend(base.Backend):
         Django's default, outside pipeline mode): one round trip instead of
         two, and Django's own commit then finds nothing to do. Any error
         then leaves it to the caller to read back what committed."""
-        if not commit:
+        raw = connections[self.using].connection
+        in_one = (
+            commit
+            and makes_text_cursors(getattr(raw, "cursor_factory", None))
+            and raw.pgconn.pipeline_status == 0
+        )
+        if not in_one:
             return super().complete(identity, token, response, ttl)
-        params = self.complete_params(identity, token, response, ttl)
-        with connections[self.using].cursor() as cursor:
-            self.adapt(cursor.cursor)
-            merged = sends_text(cursor.cursor)
-            cursor.execute(self.complete_commit_sql if merged else self.complete_sql, params)
-            return merged or cursor.rowcount == 1
+        self.execute(self.complete_commit_sql, self.complete_params(identity, token, response, ttl))
+        return True
 
     def adapt(self, cursor: Any) -> None:
         """A cursor that binds parameters on the server (Django's

@@ -22,7 +22,7 @@ from django.utils.module_loading import import_string
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from idempotency_app.conf import DEFAULTS, MAX_REPLAY_CACHE, SAFE_METHODS, conf
+from idempotency_app.conf import DEFAULTS, MAX_REPLAY_CACHE, MAX_TTL, SAFE_METHODS, conf
 
 # Every check's ID (after "idempotency_app.") and what it finds.
 CHECKS: dict[str, str] = {
@@ -87,7 +87,6 @@ def register_all() -> None:
 
 
 MIN_TTL = 60
-MAX_TTL = 30 * 24 * 3600
 LOCAL_CACHE_BACKENDS = (
     "django.core.cache.backends.locmem.LocMemCache",
     "django.core.cache.backends.dummy.DummyCache",

@@ -11,7 +11,7 @@ informs or schedules (the ``Idempotency-Expires`` header, the admin's date
 links, when this process next tries an automatic sweep), never decides.
 
 Tests move time: ``with freeze(): ... advance(61)`` makes a lease of 60 s
-look lapsed. Inside ``freeze(at)``, ``now()`` stands still at ``at`` (moved
+look lapsed (and empties ``REPLAY_CACHE``, which counts real seconds). Inside ``freeze(at)``, ``now()`` stands still at ``at`` (moved
 only by ``advance``), and every statement adds the offset that makes the
 database's clock read about ``at`` too; the database's clock itself keeps
 running underneath, so decisions are exact to the test's own run time.
@@ -92,10 +92,12 @@ def freeze(at: datetime | None = None) -> Iterator[None]:
     real = timezone.now()
     _frozen = at or real
     _offset = (_frozen - real).total_seconds()
+    _forget_replays()
     try:
         yield
     finally:
         _offset, _frozen = previous
+        _forget_replays()
 
 
 def advance(seconds: float) -> None:
@@ -104,3 +106,12 @@ def advance(seconds: float) -> None:
         raise RuntimeError("advance() needs a frozen clock: use clock.freeze() first.")
     _offset += seconds
     _frozen += timedelta(seconds=seconds)
+    _forget_replays()
+
+
+def _forget_replays() -> None:
+    """REPLAY_CACHE counts in real seconds: once the database's clock has
+    moved, what a process holds may have expired there."""
+    from idempotency_app.lifecycle import replays
+
+    replays.clear()

@@ -39,6 +39,8 @@ DEFAULTS: dict[str, Any] = {
     "PROBLEM_TYPE_BASE": "urn:idempotency-app:problem:",
 }
 
+# The longest TTL: a record must expire within the databases' calendars.
+MAX_TTL = 30 * 24 * 3600
 # The longest REPLAY_CACHE may be: how long another process may replay a
 # record an operator has expired. A record expiring sooner is never held.
 MAX_REPLAY_CACHE = 60
@@ -105,8 +107,11 @@ def policy_problems(ttl: float, lease: float, wait: float) -> list[str]:
     apply. Per-view and per-call options may be shorter than the settings
     allow (a task's TTL of a few seconds, say), never unsafe."""
     problems = []
-    if not 0 < ttl < math.inf:
-        problems.append(f"TTL is {ttl:g}s; it must be a positive number of seconds.")
+    if not 0 < ttl <= MAX_TTL:
+        problems.append(
+            f"TTL is {ttl:g}s; it must be a positive number of seconds, at most {MAX_TTL}s "
+            "(30 days)."
+        )
     if not 0 < lease < math.inf:
         problems.append(f"LEASE is {lease:g}s; it must be a positive number of seconds.")
     if not 0 <= wait < lease:

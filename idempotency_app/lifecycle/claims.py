@@ -40,6 +40,7 @@ from idempotency_app.lifecycle import replays
 from idempotency_app.lifecycle.drivers import is_lock_conflict
 from idempotency_app.lifecycle.work import UnitAtomic
 from idempotency_app.store import Existing, Identity, StoredResponse
+from idempotency_app.store.base import runs_alone
 
 logger = logging.getLogger("idempotency_app")
 
@@ -185,10 +186,7 @@ class Replay:
 def in_transaction(using: str) -> bool:
     """Whether a transaction is open on ``using``; never touches the network,
     so it is safe to ask while the database is down."""
-    connection = connections[using]
-    return connection.in_atomic_block or (
-        connection.connection is not None and not connection.autocommit
-    )
+    return not runs_alone(connections[using])
 
 
 @signals.timed(signals.claim_timed)

@@ -66,10 +66,10 @@ def put(
     ``generation()`` returned ``since``) for ``REPLAY_CACHE`` seconds, or
     until ``ttl`` seconds from now if sooner."""
     seconds = conf.REPLAY_CACHE
-    if seconds <= 0:
-        return
     if ttl is not None:
         seconds = min(seconds, ttl)
+    if seconds <= 0:
+        return
     size = len(response.body or b"") + sum(len(k) + len(v) for k, v in response.headers)
     item = (using, identity.scope, identity.key)
     with _lock:

@@ -21,6 +21,7 @@ import contextlib
 import contextvars
 import inspect
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -145,8 +146,9 @@ class Unit(Generic[T]):
         self.failure: WorkRolledBack | ClaimLost | None = None
         self.marked = False
         self.value: Any = None
-        # What finish() left for complete() to store.
+        # What finish() left for complete() to store, and when it was sent.
         self.pending: StoredResponse | None = None
+        self.sent_at = 0.0
 
     def finish(self, value: T, response: StoredResponse | Marked | None) -> None:
         """Inside the work's transaction: keep ``response`` for ``complete``,
@@ -173,6 +175,7 @@ class Unit(Generic[T]):
         if response is None:
             return
         commits = isinstance(held, AtomicClaim)
+        self.sent_at = time.monotonic()  # the record's TTL runs from about here
         try:
             records = store.backend(held.using)
             completed = records.complete(
@@ -268,7 +271,8 @@ def unit_of_work(held: Claim) -> Iterator[Unit[Any]]:
         held.let_go(held.policy.marker if unit.marked else 0)
     elif isinstance(held, AtomicClaim):  # committed: its retries may skip the database
         assert unit.result is not None and unit.result.stored is not None
-        replays.put(held.identity, held.using, unit.result.stored, since, held.policy.ttl)
+        lived = time.monotonic() - unit.sent_at  # the COMMIT and its on_commit hooks
+        replays.put(held.identity, held.using, unit.result.stored, since, held.policy.ttl - lived)
     if isinstance(unit.failure, ClaimLost):
         # Sent once the work is over, so that no receiver's writes are part of it.
         signals.conflict.send(Claim, identity=held.identity)

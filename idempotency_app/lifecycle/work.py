@@ -166,8 +166,9 @@ class _WorkState:
 # Django's PostgreSQL backend's savepoint statements (its names are
 # s<thread>_x<n>), and nothing else.
 _PQ_INERROR = 3
-_DJANGO_RELEASE = re.compile(r'RELEASE SAVEPOINT "s\d+_x\d+"')
-_DJANGO_ROLLBACK_TO = re.compile(r'ROLLBACK TO SAVEPOINT "s\d+_x\d+"')
+# A name's number counts the savepoints of the transaction in order.
+_DJANGO_RELEASE = re.compile(r'RELEASE SAVEPOINT "s\d+_x(\d+)"')
+_DJANGO_ROLLBACK_TO = re.compile(r'ROLLBACK TO SAVEPOINT "s\d+_x(\d+)"')
 
 
 class _Savepoints:
@@ -192,8 +193,14 @@ class _Savepoints:
         """Whether ``sql`` is Django's RELEASE SAVEPOINT, held back."""
         if params is not None or many or not isinstance(sql, str):
             return False
-        if _DJANGO_ROLLBACK_TO.fullmatch(sql):
-            self.held.clear()  # destroyed by the rollback; no use in an aborted transaction
+        rollback = _DJANGO_ROLLBACK_TO.fullmatch(sql)
+        if rollback:
+            # The releases of savepoints made after its own are destroyed by
+            # the rollback (and could not run in an aborted transaction);
+            # one made before goes first, as it would have, and the server
+            # then refuses the rollback as it would have.
+            target = int(rollback.group(1))
+            self.held = [r for r in self.held if _number(r) <= target]
             return False
         if _DJANGO_RELEASE.fullmatch(sql) is None:
             return False
@@ -335,6 +342,12 @@ def _guard(state: _WorkState, alias: str) -> Callable[..., Any]:
             state.judging = None
 
     return guard
+
+
+def _number(release: str) -> int:
+    match = _DJANGO_RELEASE.fullmatch(release)
+    assert match is not None
+    return int(match.group(1))
 
 
 def _with_savepoints(

@@ -10,10 +10,13 @@ from django.conf import settings
 from django.contrib.auth.models import Permission, User
 from django.core.cache import caches
 from django.test import Client
+from django.test.utils import override_settings
 from rest_framework.test import APIClient
 
 from idempotency_app import guard as guard_module, signals
+from idempotency_app.lifecycle import replays
 from idempotency_app.models import IdempotencyRecord
+from tests.testapp.models import Charge
 
 SERVER_DB = settings.DB != "sqlite"
 
@@ -61,8 +64,10 @@ def _fresh_cache_state() -> Iterator[None]:
     else:
         cache.clear()
     guard_module._down_until = 0.0
+    replays.clear()
     yield
     guard_module._down_until = 0.0
+    replays.clear()
 
 
 @pytest.fixture
@@ -127,6 +132,18 @@ def operator(user: User) -> Client:
     admin = Client()
     admin.force_login(user)
     return admin
+
+
+def replay_cache(seconds: float = 5, **more: Any) -> Any:
+    """Settings with REPLAY_CACHE on (and any other IDEMPOTENCY keys)."""
+    return override_settings(
+        IDEMPOTENCY={**getattr(settings, "IDEMPOTENCY", {}), "REPLAY_CACHE": seconds, **more}
+    )
+
+
+def charge_labels() -> list[str]:
+    """The labels of every Charge written, sorted: what committed."""
+    return sorted(Charge.objects.values_list("label", flat=True))
 
 
 def post(client: APIClient, url: str, data: Any, key: str | None, **extra: Any) -> Any:

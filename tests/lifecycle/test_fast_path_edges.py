@@ -13,9 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
-from django.test.utils import override_settings
 
 from idempotency_app import clock, service
 from idempotency_app.clock import DatabaseNow
@@ -23,30 +21,13 @@ from idempotency_app.exceptions import OutcomeUnknown, WorkRolledBack
 from idempotency_app.lifecycle import replays
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import Identity
-from tests.conftest import operator
+from tests.conftest import charge_labels as labels, operator, replay_cache as cached
 from tests.testapp.models import Charge, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SCOPE = "tests:fast-path-edges"
 OP = "tests.fast_path_edges"
-
-
-def cached(seconds: float = 5, **more: Any) -> Any:
-    return override_settings(
-        IDEMPOTENCY={**getattr(settings, "IDEMPOTENCY", {}), "REPLAY_CACHE": seconds, **more}
-    )
-
-
-@pytest.fixture(autouse=True)
-def _empty_replay_cache() -> Iterator[None]:
-    replays.clear()
-    yield
-    replays.clear()
-
-
-def labels() -> list[str]:
-    return sorted(Charge.objects.values_list("label", flat=True))
 
 
 def once(key: str, work: Any, **options: Any) -> tuple[bool, Any]:

@@ -16,15 +16,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.test.utils import override_settings
 
 from idempotency_app import service, signals
 from idempotency_app.exceptions import ClaimLost, WorkRolledBack
 from idempotency_app.lifecycle import replays
 from idempotency_app.lifecycle.claims import Claim
 from idempotency_app.models import IdempotencyRecord
+from tests.conftest import charge_labels as labels, replay_cache as cached
 from tests.testapp.models import Charge, LedgerEntry, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,23 +32,6 @@ SCOPE = "tests:fast-paths"
 OP = "tests.fast_paths"
 
 postgresql_only = pytest.mark.postgresql
-
-
-def cached(seconds: float = 5, **more: Any) -> Any:
-    return override_settings(
-        IDEMPOTENCY={**getattr(settings, "IDEMPOTENCY", {}), "REPLAY_CACHE": seconds, **more}
-    )
-
-
-@pytest.fixture(autouse=True)
-def _empty_replay_cache() -> Iterator[None]:
-    replays.clear()
-    yield
-    replays.clear()
-
-
-def labels() -> list[str]:
-    return sorted(Charge.objects.values_list("label", flat=True))
 
 
 def once(key: str, work: Any, **options: Any) -> tuple[bool, Any]:
@@ -112,7 +94,7 @@ def test_replay_cache_refilled_by_a_replay_racing_the_admins_expire(user: Any) -
     A replay read from the database just before the expire commits, and put
     in memory just after the clear, brings the expired record back in that
     very process for another REPLAY_CACHE seconds."""
-    from tests.conftest import operator
+    from tests.conftest import operator, replay_cache as cached
 
     key = new_key()
     admin = operator(user)

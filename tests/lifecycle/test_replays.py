@@ -12,38 +12,23 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection, connections
-from django.test.utils import CaptureQueriesContext, override_settings
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from idempotency_app.lifecycle import replays
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import Identity, StoredResponse
-from tests.conftest import needs_server_db, operator, post
+from tests.conftest import needs_server_db, operator, post, replay_cache as cached
 from tests.testapp.models import Charge
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BODY = {"label": "a", "amount": 5}
-
-
-def cached(seconds: float = 5, **more: Any) -> Any:
-    return override_settings(
-        IDEMPOTENCY={**getattr(settings, "IDEMPOTENCY", {}), "REPLAY_CACHE": seconds, **more}
-    )
-
-
-@pytest.fixture(autouse=True)
-def _empty_cache() -> Iterator[None]:
-    replays.clear()
-    yield
-    replays.clear()
 
 
 def held(key: str) -> Any:

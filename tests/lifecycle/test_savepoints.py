@@ -16,16 +16,13 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 from idempotency_app import service
+from tests.conftest import charge_labels as labels
 from tests.store.test_round_trips import round_trips
 from tests.testapp.models import Charge, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SCOPE = "tests:savepoints"
-
-
-def labels() -> list[str]:
-    return sorted(Charge.objects.values_list("label", flat=True))
 
 
 def once(key: str, work: Any) -> Any:

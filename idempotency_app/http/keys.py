@@ -46,7 +46,7 @@ def parse_key(raw: str | None) -> str | None:
         raise InvalidKey("The Idempotency-Key header is empty.")
     if len(value) > MAX_KEY_LENGTH:
         raise InvalidKey(f"The Idempotency-Key header is longer than {MAX_KEY_LENGTH} characters.")
-    if not all(" " <= ch <= "~" for ch in value):
+    if not (value.isascii() and value.isprintable()):  # space to tilde
         raise InvalidKey("The Idempotency-Key header may hold printable ASCII characters only.")
     return value
 

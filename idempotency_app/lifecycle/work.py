@@ -85,11 +85,12 @@ class _WorkState:
     has said of its transaction."""
 
     def __init__(self, identity: Identity, using: str) -> None:
+        connection = connections[using]
         self.identity = identity
         self.using = using
-        self.vendor = connections[using].vendor
+        self.vendor = connection.vendor
         self.refusals: list[CannotBeAtomic] = []
-        self.transaction_open = drivers.transaction_probe(connections[using])
+        self.transaction_open = drivers.transaction_probe(connection)
         # The transaction has been seen open: seen closed from now on, it ended.
         self.started = False
         self.ended: TransactionEnded | None = None
@@ -103,11 +104,10 @@ class _WorkState:
         self._databases: dict[str, tuple[Any, str, statements.SessionQuoting]] = {}
         # Django's SAVEPOINT and RELEASE SAVEPOINT statements not sent yet:
         # each goes with the next statement (``_Savepoints``).
-        raw = connections[using].connection
         self.savepoints = (
             _Savepoints()
             if self.vendor == "postgresql"
-            and makes_text_cursors(getattr(raw, "cursor_factory", None))
+            and makes_text_cursors(getattr(connection.connection, "cursor_factory", None))
             else None
         )
         self.observe()
@@ -299,7 +299,11 @@ def _judged(state: _WorkState, alias: str, sql: Any, cursor: Any, run: Callable[
     transaction for rollback when the statement fails; on any other, refuse
     what is not a read."""
     _, vendor, quoting = state.database(alias)
-    text = statements.as_text(sql, lambda composed: composed.as_string(cursor))
+    text = (
+        sql
+        if isinstance(sql, str)  # the ORM's, nearly always: no renderer to make
+        else statements.as_text(sql, lambda composed: composed.as_string(cursor))
+    )
     if alias != state.using:
         if text is None or not statements.is_read(text, vendor, quoting):
             raise _refuse(_not_a_read(state, alias))
@@ -469,12 +473,14 @@ def _guarded_cursor(
 
         def method(self: Any, *args: Any, **kwargs: Any) -> Any:
             state = _work.get()
-            call = functools.partial(original, self, *args, **kwargs)
+            if state is None or _suspended.get():
+                return original(self, *args, **kwargs)  # every statement outside work
             sql = sql_of(*args, **kwargs)
-            if state is None or _suspended.get() or (sql is state.judging and sql is not None):
-                return call()
+            if sql is state.judging and sql is not None:
+                return original(self, *args, **kwargs)
             if state.savepoints is not None and alias == state.using:
                 state.savepoints.flush(connections[alias])
+            call = functools.partial(original, self, *args, **kwargs)
             return _judged(state, alias, sql, self, call)
 
         return method

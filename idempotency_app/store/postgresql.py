@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django.db import connections, transaction
@@ -128,12 +129,18 @@ def sends_text(cursor: Any) -> bool:
 
 
 def makes_text_cursors(cursor_class: Any) -> bool:
-    """Whether cursors of ``cursor_class`` are psycopg 3's client-side ones."""
+    """Whether cursors of ``cursor_class`` are psycopg 3's client-side ones
+    (asked several times per request, so answered once per class)."""
+    return isinstance(cursor_class, type) and _is_client_cursor_class(cursor_class)
+
+
+@functools.cache
+def _is_client_cursor_class(cursor_class: type) -> bool:
     try:
         from psycopg import ClientCursor
     except ImportError:
         return False
-    return isinstance(cursor_class, type) and issubclass(cursor_class, ClientCursor)
+    return issubclass(cursor_class, ClientCursor)
 
 
 def _preparing_cursor(connection: Any) -> Any:

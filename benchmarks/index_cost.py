@@ -6,12 +6,16 @@ Copies of the records table side by side: one with every index the
 migrations create ("all"); one without 0006's creation-time B-tree on
 (created_at, id) ("no created_at index"); on PostgreSQL one with 0004's BRIN
 index on created_at in its place ("BRIN instead", the schema before 0006);
-and one without any of the indexes the two migrations add (scope, in-progress
-leases, creation time: "none of them"). The library's own claim and
+one without any of the indexes the two migrations add (scope, in-progress
+leases, creation time: "none of them"); and on PostgreSQL one without the
+indexes on the columns a completion changes (``expires_at``, and the lease
+index whose predicate reads ``status``), so that the completion can be a HOT
+update, which writes no index entry ("HOT completion"). The library's own claim and
 completion statements run against every copy, alternating in batches so that
 whatever else the machine does weighs on all alike, each pair on a fresh key
 (the write path). Prints the median and p99 of a claim + completion per copy,
-and each against "none of them" and against "no created_at index".
+each against "none of them" and against "no created_at index", and on
+PostgreSQL the share of completions that were HOT updates.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ from typing import Any
 
 from benchmarks.common import percentile, setup_django, table
 
-SCOPE, LEASE, CREATED = (
+SCOPE, LEASE, CREATED, EXPIRES = (
     "idempotency_scope_idx",
     "idempotency_lease_idx",
     "idempotency_created_id_idx",
+    "idempotency_expires_idx",
 )
 BATCH = 50
 
@@ -40,9 +45,10 @@ def variants(vendor: str) -> dict[str, tuple[str, ...]]:
         "no created_at index": (CREATED,),
         "BRIN instead": (CREATED,),
         "none of them": (SCOPE, LEASE, CREATED),
+        "HOT completion": (EXPIRES, LEASE),
     }
     if vendor != "postgresql":
-        del found["BRIN instead"]
+        del found["BRIN instead"], found["HOT completion"]
     return found
 
 
@@ -77,7 +83,12 @@ def copies(connection: Any) -> dict[str, str]:
 
 
 def _column(index: str) -> str:
-    return {SCOPE: "scope", LEASE: "locked_until", CREATED: "created_at, id"}[index]
+    return {
+        SCOPE: "scope",
+        LEASE: "locked_until",
+        CREATED: "created_at, id",
+        EXPIRES: "expires_at",
+    }[index]
 
 
 def statements(connection: Any, table_name: str) -> tuple[str, str]:
@@ -118,6 +129,24 @@ def pair(connection: Any, claim: str, complete: str) -> float:
     return time.perf_counter() - started
 
 
+def hot_shares(connection: Any, names: dict[str, str]) -> dict[str, str]:
+    """On PostgreSQL, the share of each copy's updates that were HOT
+    (its statistics arrive within a second or so of the updates)."""
+    if connection.vendor != "postgresql":
+        return {}
+    time.sleep(1)
+    shares = {}
+    with connection.cursor() as cursor:
+        for variant, name in names.items():
+            cursor.execute(
+                "SELECT n_tup_hot_upd, n_tup_upd FROM pg_stat_user_tables WHERE relname = %s",
+                [name],
+            )
+            hot, updated = cursor.fetchone() or (0, 0)
+            shares[variant] = f"{hot / updated:.0%}" if updated else "none"
+    return shares
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--database", default="postgres", choices=("postgres", "mysql"))
@@ -143,6 +172,7 @@ def main() -> None:
             claim, complete = plans[variant]  # in turn first, so no copy always runs first
             times[variant] += [pair(connection, claim, complete) for _ in range(BATCH)]
     p50 = {variant: statistics.median(values) for variant, values in times.items()}
+    hot = hot_shares(connection, names)
     rows = []
     for variant, values in times.items():
         rows.append([
@@ -150,9 +180,12 @@ def main() -> None:
             f"{percentile(values, 0.99) * 1000:.3f}",
             f"{p50[variant] / p50['none of them']:.3f}x",
             f"{p50[variant] / p50['no created_at index']:.3f}x",
+            hot.get(variant, "n/a"),
         ])  # fmt: skip
     print(f"{connection.vendor}: a fresh claim + its completion, by the indexes of 0004 and 0006")
-    headers = ["indexes", "pairs", "p50 ms", "p99 ms", "p50 / none", "p50 / no created_at"]
+    headers = [
+        "indexes", "pairs", "p50 ms", "p99 ms", "p50 / none", "p50 / no created_at", "HOT updates",
+    ]  # fmt: skip
     print(table(headers, rows))
     with connection.cursor() as cursor:
         for name in names.values():

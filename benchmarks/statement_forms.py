@@ -1,0 +1,136 @@
+"""Two ways of sending the library's statements, measured against the way it sends them (PostgreSQL).
+
+    .venv/bin/python -m benchmarks.statement_forms [--batches 10] [--per-batch 200]
+
+1. The claim through Django's cursor (psycopg's client-side binding, as the
+   library sends it) against a psycopg ``Cursor`` that binds on the server
+   without preparing: what binding on the server saves in client CPU, and
+   what its extra protocol messages cost in wall time.
+2. A transaction's first statement, a SAVEPOINT: sent as psycopg sends it
+   (BEGIN, then the SAVEPOINT: two round trips) against both in one
+   pipeline (one round trip, plus entering and leaving pipeline mode).
+
+Each pair alternates in batches, so whatever else the machine does weighs
+on both alike; medians of the batches' means, wall and CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks.common import (
+    machine,
+    print_machine,
+    reset_schema,
+    setup_django,
+    table,
+    use_database,
+)
+
+
+def claim_pair(connection: Any) -> dict[str, Callable[[], None]]:
+    from psycopg import Cursor
+
+    from idempotency_app import store
+    from idempotency_app.store import Identity
+
+    records = store.backend(connection.alias)
+    sql = records.claim_alone_sql
+
+    def params() -> dict[str, Any]:
+        identity = Identity("user:1", str(uuid.uuid4()), "POST charges/", "f" * 64)
+        return records.claim_params(identity, uuid.uuid4().hex, 86400, 60)
+
+    def client_side() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params())
+            cursor.fetchone()
+
+    def server_side() -> None:
+        with connection.wrap_database_errors:
+            raw = Cursor(connection.connection)
+        with connection.make_cursor(raw) as cursor:
+            records.adapt(cursor.cursor)
+            cursor.execute(sql, params())
+            cursor.fetchone()
+
+    return {
+        "claim, client-side binding (as sent)": client_side,
+        "claim, bound on the server, not prepared": server_side,
+    }
+
+
+def savepoint_pair(connection: Any) -> dict[str, Callable[[], None]]:
+    raw = connection.connection
+
+    def first_statement(piped: bool) -> Callable[[], None]:
+        def run() -> None:
+            with raw.cursor() as cursor:
+                if piped:
+                    with raw.pipeline():
+                        cursor.execute('SAVEPOINT "bench"')
+                else:
+                    cursor.execute('SAVEPOINT "bench"')
+            raw.rollback()
+
+        return run
+
+    return {
+        "BEGIN, then SAVEPOINT (as sent)": first_statement(False),
+        "BEGIN and SAVEPOINT in one pipeline": first_statement(True),
+    }
+
+
+def alternate(
+    calls: dict[str, Callable[[], None]], batches: int, per_batch: int
+) -> list[list[str]]:
+    wall: dict[str, list[float]] = {name: [] for name in calls}
+    cpu: dict[str, list[float]] = {name: [] for name in calls}
+    for call in calls.values():
+        for _ in range(20):
+            call()
+    for _ in range(batches):
+        for name, call in calls.items():
+            w, p = time.perf_counter(), time.process_time()
+            for _ in range(per_batch):
+                call()
+            wall[name].append((time.perf_counter() - w) / per_batch * 1e6)
+            cpu[name].append((time.process_time() - p) / per_batch * 1e6)
+    first = next(iter(calls))
+    rows = []
+    for name in calls:
+        w, p = statistics.median(wall[name]), statistics.median(cpu[name])
+        w0, p0 = statistics.median(wall[first]), statistics.median(cpu[first])
+        rows.append([name, f"{w:,.0f}", f"{p:,.0f}", f"{w - w0:+,.0f}", f"{p - p0:+,.0f}"])
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--per-batch", type=int, default=200)
+    args = parser.parse_args()
+    use_database("postgres")
+    setup_django()
+    reset_schema()
+    from django.db import connection
+
+    print_machine(machine())
+    connection.ensure_connection()
+    rows = alternate(claim_pair(connection), args.batches, args.per_batch)
+    connection.connection.autocommit = False
+    rows += alternate(savepoint_pair(connection), args.batches, args.per_batch)
+    connection.connection.autocommit = True
+    headers = ["statement", "wall us", "CPU us", "wall vs as sent", "CPU vs as sent"]
+    print(table(headers, rows))
+    connection.close()
+    reset_schema()
+
+
+if __name__ == "__main__":
+    main()

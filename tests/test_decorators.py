@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext, override_settings
+from django.utils.http import http_date
 from rest_framework.test import APIClient
 
 from idempotency_app import clock
@@ -53,6 +54,24 @@ def test_stored_responses_advertise_their_replay_window(api: APIClient, key: str
     assert abs(parse_http_date(first["Idempotency-Expires"]) - expected.timestamp()) < 1
     released = post(api, "/charges/", {"label": "a", "respond": 503}, key + "x")
     assert "Idempotency-Expires" not in released
+
+
+@pytest.mark.parametrize(
+    "now",
+    [
+        datetime(2026, 11, 26, 12, 0, 0, 999999, tzinfo=timezone.utc),
+        datetime(1969, 6, 1, 0, 0, 0, 500000, tzinfo=timezone.utc),  # before the epoch
+    ],
+)
+def test_the_window_is_written_as_http_date_writes_it(
+    api: APIClient, key: str, now: datetime
+) -> None:
+    """The date is formatted once per whole second: that second is the one
+    ``http_date`` writes, fractions and clocks before 1970 included."""
+    with clock.freeze(now):
+        response = post(api, "/charges/", {"label": "a"}, key)
+        expected = http_date((clock.now() + timedelta(days=1)).timestamp())
+    assert response["Idempotency-Expires"] == expected
 
 
 def test_json_key_order_is_not_a_different_request(api: APIClient, key: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -246,12 +247,12 @@ def _settle(
         return units.MARKED
     if status >= 500 or status in RETRYABLE_STATUSES:
         return None
-    expires = _http_date(int((clock.now() + timedelta(seconds=ttl)).timestamp()))
+    expires = _http_date(math.floor((clock.now() + timedelta(seconds=ttl)).timestamp()))
     return to_stored(response, ((EXPIRES_HEADER, expires), *extra))
 
 
 @functools.lru_cache(maxsize=8)
 def _http_date(second: int) -> str:
-    """``http_date`` (whole seconds, as it writes them), once per second:
+    """``http_date`` (whole seconds, rounded down as it does), once per second:
     formatting a date costs more than the rest of deciding what to store."""
     return http_date(second)

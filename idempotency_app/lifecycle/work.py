@@ -102,12 +102,17 @@ class _WorkState:
         # Per alias: its connection (in this thread), vendor and quoting
         # probe, looked up once rather than per statement.
         self._databases: dict[str, tuple[Any, str, statements.SessionQuoting]] = {}
-        # Django's SAVEPOINT and RELEASE SAVEPOINT statements not sent yet:
-        # each goes with the next statement (``_Savepoints``).
+        # Django's RELEASE SAVEPOINT statements not sent yet (``_Savepoints``):
+        # on PostgreSQL each goes with the next statement; MySQL's driver
+        # sends one statement per call, so there it goes alone before the
+        # next one, and one still held at the end costs nothing.
         self.savepoints = (
             _Savepoints()
-            if self.vendor == "postgresql"
-            and makes_text_cursors(getattr(connection.connection, "cursor_factory", None))
+            if self.vendor == "mysql"
+            or (
+                self.vendor == "postgresql"
+                and makes_text_cursors(getattr(connection.connection, "cursor_factory", None))
+            )
             else None
         )
         self.observe()
@@ -163,12 +168,12 @@ class _WorkState:
             self.observe()
 
 
-# Django's PostgreSQL backend's savepoint statements (its names are
-# s<thread>_x<n>), and nothing else.
 _PQ_INERROR = 3
-# A name's number counts the savepoints of the transaction in order.
-_DJANGO_RELEASE = re.compile(r'RELEASE SAVEPOINT "s\d+_x(\d+)"')
-_DJANGO_ROLLBACK_TO = re.compile(r'ROLLBACK TO SAVEPOINT "s\d+_x(\d+)"')
+# Django's savepoint statements on PostgreSQL and MySQL (its names are
+# s<thread>_x<n>, quoted as each backend quotes names), and nothing else. A
+# name's number counts the savepoints of the transaction in order.
+_DJANGO_RELEASE = re.compile(r'RELEASE SAVEPOINT (?:"s\d+_x(\d+)"|`s\d+_x(\d+)`)')
+_DJANGO_ROLLBACK_TO = re.compile(r'ROLLBACK TO SAVEPOINT (?:"s\d+_x(\d+)"|`s\d+_x(\d+)`)')
 
 
 class _Savepoints:
@@ -178,7 +183,8 @@ class _Savepoints:
     RELEASE only waits. Here it is held back and sent in front of the next
     statement, in the same simple query (psycopg 3's client-side cursors
     send several statements in one message and answer the last one's result
-    once the others are skipped over); one still held when the work ends is
+    once the others are skipped over), or alone just before it (MySQL,
+    whose driver sends one statement per call); one still held when the work ends is
     never sent, since the COMMIT (or the release of the savepoint around the
     work) releases it too, and a ROLLBACK TO destroys the savepoints made
     after its own. Releasing late changes nothing a statement can see. The
@@ -199,7 +205,7 @@ class _Savepoints:
             # the rollback (and could not run in an aborted transaction);
             # one made before goes first, as it would have, and the server
             # then refuses the rollback as it would have.
-            target = int(rollback.group(1))
+            target = _numbered(rollback)
             self.held = [r for r in self.held if _number(r) <= target]
             return False
         if _DJANGO_RELEASE.fullmatch(sql) is None:
@@ -351,7 +357,12 @@ def _guard(state: _WorkState, alias: str) -> Callable[..., Any]:
 def _number(release: str) -> int:
     match = _DJANGO_RELEASE.fullmatch(release)
     assert match is not None
-    return int(match.group(1))
+    return _numbered(match)
+
+
+def _numbered(match: re.Match[str]) -> int:
+    """The savepoint's number, whichever quotes its name had."""
+    return int(match.group(1) or match.group(2))
 
 
 def _with_savepoints(

@@ -206,7 +206,6 @@ def test_a_serialization_failure_at_the_commit_is_a_rollback_not_a_lost_claim(
 # -- Savepoints held back -------------------------------------------------------------
 
 
-@postgresql_only
 def test_a_user_execute_wrapper_that_raises_after_the_statement_ran() -> None:
     """A wrapper the view installs (inside the library's guard) runs the
     statement, then raises: a query budget, an N+1 detector. The SAVEPOINT
@@ -326,7 +325,6 @@ def test_composed_and_bytes_sql_inside_a_failing_block() -> None:
     assert labels() == ["after 0", "after 1"]
 
 
-@postgresql_only
 def test_nested_once_inside_the_work_whose_inner_block_fails() -> None:
     Tag.objects.create(name="taken")
 
@@ -355,7 +353,6 @@ def test_nested_once_inside_the_work_whose_inner_block_fails() -> None:
     assert labels() == ["outer"]
 
 
-@postgresql_only
 def test_manual_savepoint_api_rolls_back_across_a_held_release() -> None:
     def work() -> str:
         sid = transaction.savepoint()

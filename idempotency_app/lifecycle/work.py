@@ -102,17 +102,12 @@ class _WorkState:
         # Per alias: its connection (in this thread), vendor and quoting
         # probe, looked up once rather than per statement.
         self._databases: dict[str, tuple[Any, str, statements.SessionQuoting]] = {}
-        # Django's RELEASE SAVEPOINT statements not sent yet (``_Savepoints``):
-        # on PostgreSQL each goes with the next statement; MySQL's driver
-        # sends one statement per call, so there it goes alone before the
-        # next one, and one still held at the end costs nothing.
+        # Django's SAVEPOINT and RELEASE SAVEPOINT statements not sent yet:
+        # each goes with the next statement (``_Savepoints``).
         self.savepoints = (
             _Savepoints()
-            if self.vendor == "mysql"
-            or (
-                self.vendor == "postgresql"
-                and makes_text_cursors(getattr(connection.connection, "cursor_factory", None))
-            )
+            if self.vendor == "postgresql"
+            and makes_text_cursors(getattr(connection.connection, "cursor_factory", None))
             else None
         )
         self.observe()
@@ -134,6 +129,13 @@ class _WorkState:
                 "run such statements outside idempotent work."
             )
             raise self.ended
+
+    def unsent_releases(self) -> list[str]:
+        """The work's RELEASE SAVEPOINTs still held when it ended. They must
+        reach the server before the outcome is stored: one it refuses (a
+        savepoint the work rolled back past, or released twice) fails the
+        work, as it would have without a key (``units.Unit.complete``)."""
+        return [] if self.savepoints is None else self.savepoints.held
 
     def database(self, alias: str) -> tuple[Any, str, statements.SessionQuoting]:
         found = self._databases.get(alias)
@@ -168,12 +170,12 @@ class _WorkState:
             self.observe()
 
 
+# Django's PostgreSQL backend's savepoint statements (its names are
+# s<thread>_x<n>), and nothing else.
 _PQ_INERROR = 3
-# Django's savepoint statements on PostgreSQL and MySQL (its names are
-# s<thread>_x<n>, quoted as each backend quotes names), and nothing else. A
-# name's number counts the savepoints of the transaction in order.
-_DJANGO_RELEASE = re.compile(r'RELEASE SAVEPOINT (?:"s\d+_x(\d+)"|`s\d+_x(\d+)`)')
-_DJANGO_ROLLBACK_TO = re.compile(r'ROLLBACK TO SAVEPOINT (?:"s\d+_x(\d+)"|`s\d+_x(\d+)`)')
+# A name's number counts the savepoints of the transaction in order.
+_DJANGO_RELEASE = re.compile(r'RELEASE SAVEPOINT "s\d+_x(\d+)"')
+_DJANGO_ROLLBACK_TO = re.compile(r'ROLLBACK TO SAVEPOINT "s\d+_x(\d+)"')
 
 
 class _Savepoints:
@@ -183,11 +185,10 @@ class _Savepoints:
     RELEASE only waits. Here it is held back and sent in front of the next
     statement, in the same simple query (psycopg 3's client-side cursors
     send several statements in one message and answer the last one's result
-    once the others are skipped over), or alone just before it (MySQL,
-    whose driver sends one statement per call); one still held when the work ends is
-    never sent, since the COMMIT (or the release of the savepoint around the
-    work) releases it too, and a ROLLBACK TO destroys the savepoints made
-    after its own. Releasing late changes nothing a statement can see. The
+    once the others are skipped over); one still held when the work ends
+    goes in front of the completion, so that a release the server refuses
+    still fails the work. A ROLLBACK TO destroys the savepoints made after
+    its own. Releasing late changes nothing a statement can see. The
     SAVEPOINT itself is sent at once: a statement the library does not see
     (a cursor class instantiated by hand) must run after it.
     """
@@ -205,7 +206,7 @@ class _Savepoints:
             # the rollback (and could not run in an aborted transaction);
             # one made before goes first, as it would have, and the server
             # then refuses the rollback as it would have.
-            target = _numbered(rollback)
+            target = int(rollback.group(1))
             self.held = [r for r in self.held if _number(r) <= target]
             return False
         if _DJANGO_RELEASE.fullmatch(sql) is None:
@@ -227,9 +228,15 @@ class _Savepoints:
         """Send what is held, alone: before SQL that cannot carry it."""
         if self.held:
             held, self.held = self.held, []
-            with by_the_library(), connection.cursor() as cursor:
-                for statement in ["; ".join(held)] if sends_text(cursor.cursor) else held:
-                    cursor.execute(statement)
+            send_alone(connection, held)
+
+
+def send_alone(connection: Any, releases: list[str]) -> None:
+    """Send held releases in a round trip of their own (one for them all
+    where the driver takes several statements at once)."""
+    with by_the_library(), connection.cursor() as cursor:
+        for statement in ["; ".join(releases)] if sends_text(cursor.cursor) else releases:
+            cursor.execute(statement)
 
 
 # The work running in this context; None outside any work.
@@ -252,9 +259,11 @@ def _refuse(message: str) -> CannotBeAtomic:
 
 
 @contextlib.contextmanager
-def confined(identity: Identity, using: str) -> Iterator[None]:
+def confined(identity: Identity, using: str) -> Iterator[_WorkState]:
     """Run the body as work under ``identity``'s claim on ``using``, inside
-    the transaction (or savepoint) that will also store its outcome."""
+    the transaction (or savepoint) that will also store its outcome. The
+    state it yields holds, once the body is over, the releases not sent yet
+    (``unsent_releases``)."""
     state = _WorkState(identity, using)
     reset = _work.set(state)
     try:
@@ -262,7 +271,7 @@ def confined(identity: Identity, using: str) -> Iterator[None]:
             for alias in settings.DATABASES:
                 stack.enter_context(connections[alias].execute_wrapper(_guard(state, alias)))
             try:
-                yield
+                yield state
             except BaseException as exc:
                 with contextlib.suppress(TransactionEnded):
                     state.observe()
@@ -357,12 +366,7 @@ def _guard(state: _WorkState, alias: str) -> Callable[..., Any]:
 def _number(release: str) -> int:
     match = _DJANGO_RELEASE.fullmatch(release)
     assert match is not None
-    return _numbered(match)
-
-
-def _numbered(match: re.Match[str]) -> int:
-    """The savepoint's number, whichever quotes its name had."""
-    return int(match.group(1) or match.group(2))
+    return int(match.group(1))
 
 
 def _with_savepoints(

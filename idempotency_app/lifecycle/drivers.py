@@ -140,6 +140,14 @@ def is_deadlock(exc: Exception) -> bool:
     return bool(args) and args[0] == 1213
 
 
+def is_savepoint_error(exc: Exception) -> bool:
+    """PostgreSQL's class 3B: a savepoint that does not exist (released or
+    rolled back past already). The work's mistake, not an outage."""
+    cause = exc.__cause__ or exc
+    code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    return isinstance(code, str) and code.startswith("3B")
+
+
 def is_lock_conflict(exc: Exception) -> bool:
     """A deadlock, a lock timeout or a serialization failure: another
     transaction holds what this one needs, and (on MySQL) the server may

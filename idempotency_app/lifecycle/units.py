@@ -53,7 +53,7 @@ from idempotency_app.lifecycle.claims import (
     claim,
     in_transaction,
 )
-from idempotency_app.lifecycle.drivers import is_lock_conflict
+from idempotency_app.lifecycle.drivers import is_lock_conflict, is_savepoint_error
 from idempotency_app.lifecycle.work import UnitAtomic
 from idempotency_app.store import Existing, Identity, StoredResponse
 
@@ -166,20 +166,26 @@ class Unit(Generic[T]):
             return
         self.pending = response
 
-    def complete(self) -> None:
+    def complete(self, unsent: list[str]) -> None:
         """Once the work is over, in its transaction: store the outcome.
         The claim's own transaction (not a savepoint) may commit in the same
         round trip; an error then leaves it unknown whether it committed,
-        which ``unit_of_work`` reads back as for a failed commit."""
+        which ``unit_of_work`` reads back as for a failed commit. ``unsent``:
+        the work's releases not sent yet, which go in front of the completion
+        where the driver takes several statements at once, or else alone
+        before it, an error of theirs being the work's."""
         held, response = self.held, self.pending
         if response is None:
-            return
+            return  # rolled back: nothing of the work is kept
         commits = isinstance(held, AtomicClaim)
+        records = store.backend(held.using)
+        if unsent and not records.carries_statements():
+            work.send_alone(connections[held.using], unsent)
+            unsent = []
         self.sent_at = time.monotonic()  # the record's TTL runs from about here
         try:
-            records = store.backend(held.using)
             completed = records.complete(
-                held.identity, held.token, response, held.policy.ttl, commit=commits
+                held.identity, held.token, response, held.policy.ttl, commit=commits, before=unsent
             )
         except DatabaseError as exc:
             transaction.set_rollback(True, using=held.using)
@@ -196,7 +202,7 @@ class Unit(Generic[T]):
                 )
                 self.failure = ClaimLost(held.key)
                 return
-            if isinstance(exc, OperationalError | InterfaceError):
+            if isinstance(exc, OperationalError | InterfaceError) and not is_savepoint_error(exc):
                 raise StoreUnavailable(str(exc)) from exc
             # The work left the transaction unusable (PostgreSQL aborts it at
             # the first failed statement, even one the work caught).
@@ -241,12 +247,12 @@ def unit_of_work(held: Claim) -> Iterator[Unit[Any]]:
     since = replays.generation()
     try:
         with held.transaction():
-            with _mark_running(held), work.confined(held.identity, held.using):
+            with _mark_running(held), work.confined(held.identity, held.using) as confinement:
                 yield unit
                 if unit.pending is None and unit.result is None and unit.failure is None:
                     raise RuntimeError("The work ended without calling finish().")
             body_done = True
-            unit.complete()
+            unit.complete(confinement.unsent_releases())
     except TransactionEnded as exc:
         if _keep_interrupted(held):
             raise OutcomeUnknown(held.key) from exc
@@ -289,7 +295,8 @@ def _after_failed_commit(
     was (None); a claim that another worker took over (or that is gone) was
     lost, a 409; otherwise the work is rolled back, or ``StoreUnavailable``
     when the database could not answer. A serialization failure is the
-    work's, not the database's."""
+    work's, and so is a savepoint error: the work's release, sent with the
+    COMMIT, of a savepoint it had rolled back past or released already."""
     if _hook_failed(held.using):
         raise exc
     readable, found = _read_back(held)
@@ -298,7 +305,11 @@ def _after_failed_commit(
     if readable and (found is None or found.token != held.token):
         logger.warning("Rolled back work on idempotency key %r: its claim was taken over", held.key)
         return ClaimLost(held.key)
-    if isinstance(exc, OperationalError | InterfaceError) and not is_lock_conflict(exc):
+    if (
+        isinstance(exc, OperationalError | InterfaceError)
+        and not is_lock_conflict(exc)
+        and not is_savepoint_error(exc)
+    ):
         held.let_go()
         raise StoreUnavailable(str(exc)) from exc
     if not isinstance(exc, DatabaseError):

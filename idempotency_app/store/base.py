@@ -286,15 +286,24 @@ class Backend:
         response: StoredResponse,
         ttl: float,
         commit: bool = False,
+        before: Sequence[str] = (),
     ) -> bool:
         """Mark the claim completed; False when ``token`` no longer holds it.
         ``commit``: the caller's transaction commits next, and the backend
         may send the COMMIT with the completion (then False means it rolled
-        back instead, and an error that it may have committed or not)."""
+        back instead, and an error that it may have committed or not).
+        ``before``: statements of the transaction to send first, in the same
+        message; given only where ``carries_statements()``."""
+        assert not before, "only a backend that carries statements takes them"
         rowcount, _ = self.execute(
             self.complete_sql, self.complete_params(identity, token, response, ttl)
         )
         return rowcount == 1
+
+    def carries_statements(self) -> bool:
+        """Whether ``complete()`` can send other statements in front of the
+        completion, in the same message (and the COMMIT after it)."""
+        return False
 
     def complete_params(
         self, identity: Identity, token: str, response: StoredResponse, ttl: float

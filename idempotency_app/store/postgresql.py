@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import connections, transaction
@@ -76,22 +77,33 @@ class Backend(base.Backend):
         response: StoredResponse,
         ttl: float,
         commit: bool = False,
+        before: Sequence[str] = (),
     ) -> bool:
-        """With ``commit``, send the COMMIT with the completion when the
-        driver sends statements as text (psycopg 3's client-side binding,
-        Django's default, outside pipeline mode): one round trip instead of
-        two, and Django's own commit then finds nothing to do. Any error
-        then leaves it to the caller to read back what committed."""
+        """Where the driver sends statements as text (psycopg 3's client-side
+        binding, Django's default, outside pipeline mode), ``before`` goes in
+        front of the completion in one message, and with ``commit`` so does
+        the COMMIT after it: one round trip instead of two, and Django's own
+        commit then finds nothing to do. Any error then leaves it to the
+        caller to read back what committed."""
+        if not self.carries_statements():
+            return super().complete(identity, token, response, ttl, commit, before)
+        params = self.complete_params(identity, token, response, ttl)
+        if commit:
+            self.execute("; ".join([*before, self.complete_commit_sql]), params)
+            return True
+        with connections[self.using].cursor() as cursor:
+            cursor.execute("; ".join([*before, self.complete_sql]), params)
+            for _ in before:
+                cursor.nextset()  # to the completion's own result
+            return bool(cursor.rowcount == 1)
+
+    def carries_statements(self) -> bool:
         raw = connections[self.using].connection
-        in_one = (
-            commit
+        return (
+            raw is not None
             and makes_text_cursors(getattr(raw, "cursor_factory", None))
             and raw.pgconn.pipeline_status == 0
         )
-        if not in_one:
-            return super().complete(identity, token, response, ttl)
-        self.execute(self.complete_commit_sql, self.complete_params(identity, token, response, ttl))
-        return True
 
     def adapt(self, cursor: Any) -> None:
         """A cursor that binds parameters on the server (Django's

@@ -13,9 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from idempotency_app import service
+from idempotency_app.exceptions import WorkRolledBack
+from idempotency_app.models import IdempotencyRecord
 from tests.conftest import charge_labels as labels
 from tests.store.test_round_trips import round_trips
 from tests.testapp.models import Charge, Tag
@@ -146,6 +148,58 @@ def test_the_manual_savepoint_api() -> None:
 
     assert once("k6", work) == "done"
     assert labels() == ["kept", "released"]
+
+
+def _refused_release_in_a_block_that_ends_the_work() -> str:
+    Charge.objects.create(label="before the savepoint")
+    sid = transaction.savepoint()
+    with transaction.atomic():  # its RELEASE is refused: the rollback below destroyed it
+        Charge.objects.create(label="undone")
+        transaction.savepoint_rollback(sid)
+    return "done"
+
+
+def _savepoint_released_twice() -> str:
+    Charge.objects.create(label="w")
+    sid = transaction.savepoint()
+    transaction.savepoint_commit(sid)
+    transaction.savepoint_commit(sid)  # the server refuses: no such savepoint
+    return "done"
+
+
+@pytest.mark.parametrize(
+    "work", [_refused_release_in_a_block_that_ends_the_work, _savepoint_released_twice]
+)
+@pytest.mark.parametrize("caller", ["alone", "in the caller's transaction"])
+def test_a_release_the_server_refuses_fails_the_work(key: str, work: Any, caller: str) -> None:
+    """Without a key Django's RELEASE fails and so does the work; held back
+    to the end of the work, it must still reach the server before the
+    outcome is stored, not be dropped at the COMMIT (or at the release of
+    the savepoint around a claim made inside the caller's transaction)."""
+    with pytest.raises((DatabaseError, WorkRolledBack)):  # the driver's error, or rolled back
+        if caller == "alone":
+            once(key, work)
+        else:
+            with transaction.atomic():
+                once(key, work)
+    assert labels() == []
+    assert not IdempotencyRecord.objects.filter(key=key).exists()
+
+
+def test_a_block_that_ends_work_in_the_callers_transaction(key: str) -> None:
+    """The held release goes in front of the completion of a claim made
+    inside a transaction, whose rows count is then still the completion's."""
+
+    def work() -> str:
+        Charge.objects.create(label="before")
+        with transaction.atomic():
+            Charge.objects.create(label="in the block")
+        return "done"
+
+    with transaction.atomic():
+        assert once(key, work) == "done"
+    assert once(key, work) == "done"  # a replay: the completion matched its row
+    assert labels() == ["before", "in the block"]
 
 
 @pytest.mark.postgresql

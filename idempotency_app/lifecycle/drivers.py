@@ -25,6 +25,8 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
+from django.db import InterfaceError, OperationalError
+
 from idempotency_app.lifecycle.statements import Quoting
 
 TransactionProbe = Callable[[], bool | None]
@@ -140,12 +142,16 @@ def is_deadlock(exc: Exception) -> bool:
     return bool(args) and args[0] == 1213
 
 
-def is_savepoint_error(exc: Exception) -> bool:
-    """PostgreSQL's class 3B: a savepoint that does not exist (released or
-    rolled back past already). The work's mistake, not an outage."""
+def is_outage(exc: BaseException) -> bool:
+    """Whether the database could not answer (Django's OperationalError or
+    InterfaceError), rather than refuse what it was sent: a lock conflict
+    is another transaction's doing, and PostgreSQL's class 3B (a savepoint
+    that does not exist: released or rolled back past already) the work's."""
+    if not isinstance(exc, OperationalError | InterfaceError) or is_lock_conflict(exc):
+        return False
     cause = exc.__cause__ or exc
     code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-    return isinstance(code, str) and code.startswith("3B")
+    return not (isinstance(code, str) and code.startswith("3B"))
 
 
 def is_lock_conflict(exc: Exception) -> bool:

@@ -30,8 +30,6 @@ from typing import Any, Generic, TypeVar
 from django.db import (
     DatabaseError,
     Error,
-    InterfaceError,
-    OperationalError,
     connections,
     transaction,
 )
@@ -53,7 +51,7 @@ from idempotency_app.lifecycle.claims import (
     claim,
     in_transaction,
 )
-from idempotency_app.lifecycle.drivers import is_lock_conflict, is_savepoint_error
+from idempotency_app.lifecycle.drivers import is_lock_conflict, is_outage
 from idempotency_app.lifecycle.work import UnitAtomic
 from idempotency_app.store import Existing, Identity, StoredResponse
 
@@ -202,7 +200,7 @@ class Unit(Generic[T]):
                 )
                 self.failure = ClaimLost(held.key)
                 return
-            if isinstance(exc, OperationalError | InterfaceError) and not is_savepoint_error(exc):
+            if is_outage(exc):
                 raise StoreUnavailable(str(exc)) from exc
             # The work left the transaction unusable (PostgreSQL aborts it at
             # the first failed statement, even one the work caught).
@@ -305,11 +303,7 @@ def _after_failed_commit(
     if readable and (found is None or found.token != held.token):
         logger.warning("Rolled back work on idempotency key %r: its claim was taken over", held.key)
         return ClaimLost(held.key)
-    if (
-        isinstance(exc, OperationalError | InterfaceError)
-        and not is_lock_conflict(exc)
-        and not is_savepoint_error(exc)
-    ):
+    if is_outage(exc):
         held.let_go()
         raise StoreUnavailable(str(exc)) from exc
     if not isinstance(exc, DatabaseError):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -13,7 +13,7 @@ from django.test import Client
 from django.test.utils import override_settings
 from rest_framework.test import APIClient
 
-from idempotency_app import guard as guard_module, signals
+from idempotency_app import guard as guard_module, service, signals
 from idempotency_app.lifecycle import replays
 from idempotency_app.models import IdempotencyRecord
 from tests.testapp.models import Charge
@@ -139,6 +139,26 @@ def replay_cache(seconds: float = 5, **more: Any) -> Any:
     return override_settings(
         IDEMPOTENCY={**getattr(settings, "IDEMPOTENCY", {}), "REPLAY_CACHE": seconds, **more}
     )
+
+
+def once_in(scope: str, operation: str) -> Callable[..., tuple[bool, Any]]:
+    """``service.once`` in ``scope`` for a test module's work: called with a
+    key and the work, it answers whether the work ran and the result every
+    copy gets."""
+
+    def once(key: str, work: Any, **options: Any) -> tuple[bool, Any]:
+        ran = False
+        with service.once(scope, key, operation, **options) as run:
+            if run.should_execute:
+                ran = True
+                run.result = work()
+        return ran, run.result
+
+    return once
+
+
+def new_key() -> str:
+    return str(uuid.uuid4())
 
 
 def charge_labels() -> list[str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +20,13 @@ from idempotency_app.exceptions import OutcomeUnknown, WorkRolledBack
 from idempotency_app.lifecycle import replays
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import Identity
-from tests.conftest import charge_labels as labels, operator, replay_cache as cached
+from tests.conftest import (
+    charge_labels as labels,
+    new_key,
+    once_in,
+    operator,
+    replay_cache as cached,
+)
 from tests.testapp.models import Charge, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,18 +35,7 @@ SCOPE = "tests:fast-path-edges"
 OP = "tests.fast_path_edges"
 
 
-def once(key: str, work: Any, **options: Any) -> tuple[bool, Any]:
-    """(whether the work ran, the result every copy gets)."""
-    ran = False
-    with service.once(SCOPE, key, OP, **options) as run:
-        if run.should_execute:
-            ran = True
-            run.result = work()
-    return ran, run.result
-
-
-def new_key() -> str:
-    return str(uuid.uuid4())
+once = once_in(SCOPE, OP)
 
 
 def expired_in_the_database(key: str) -> bool:

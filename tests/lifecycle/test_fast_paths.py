@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from idempotency_app import service, signals
+from idempotency_app import signals
 from idempotency_app.exceptions import ClaimLost, WorkRolledBack
 from idempotency_app.lifecycle import replays
 from idempotency_app.lifecycle.claims import Claim
 from idempotency_app.models import IdempotencyRecord
-from tests.conftest import charge_labels as labels, replay_cache as cached
+from tests.conftest import charge_labels as labels, new_key, once_in, replay_cache as cached
 from tests.testapp.models import Charge, LedgerEntry, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -34,18 +33,7 @@ OP = "tests.fast_paths"
 postgresql_only = pytest.mark.postgresql
 
 
-def once(key: str, work: Any, **options: Any) -> tuple[bool, Any]:
-    """(whether the work ran, the result every copy gets)."""
-    ran = False
-    with service.once(SCOPE, key, OP, **options) as run:
-        if run.should_execute:
-            ran = True
-            run.result = work()
-    return ran, run.result
-
-
-def new_key() -> str:
-    return str(uuid.uuid4())
+once = once_in(SCOPE, OP)
 
 
 # -- REPLAY_CACHE --------------------------------------------------------------------

@@ -126,7 +126,9 @@ def assert_idempotent(
 
     duplicates: list[Any] = []
     if concurrent:
-        duplicates, ran = _duplicates_until_one_runs(concurrent, client, method, url, data, extra)
+        duplicates, ran = _duplicates_until_one_runs(
+            concurrent, client, method, url, data, extra, counted
+        )
         for other in duplicates:
             if other is ran[0]:
                 continue
@@ -136,19 +138,25 @@ def assert_idempotent(
                     other,
                     "A concurrent duplicate's replay differs from the response that ran",
                 )
-        counted.expect(1, f"{concurrent} concurrent duplicates")
     return Proof(first, replay, mismatch, duplicates)
 
 
 def _duplicates_until_one_runs(
-    concurrent: int, client: Any, method: str, url: str, data: Any, extra: dict[str, Any]
+    concurrent: int,
+    client: Any,
+    method: str,
+    url: str,
+    data: Any,
+    extra: dict[str, Any],
+    counted: _Effects,
 ) -> tuple[list[Any], list[Any]]:
     """Send ``concurrent`` copies of a request with a new key at once; never
     may two of them run. A round in which every copy was refused ran nothing
     and proves nothing: SQLite's shared-cache test databases answer
     concurrent writers with "database table is locked", which refuses the
-    claim (503) or the winner's completion (409, its work rolled back). It
-    is sent again with another key, up to ``ROUNDS`` rounds."""
+    claim (503) or rolls back the winner's work at its COMMIT (500). It is
+    sent again with another key, up to ``ROUNDS`` rounds, unless the
+    effects grew: then their count says how often it ran."""
     for _ in range(ROUNDS):
 
         def send_copy(c: Any, key: str = str(uuid.uuid4())) -> Any:
@@ -162,8 +170,9 @@ def _duplicates_until_one_runs(
             ran[-1] if ran else duplicates[0],
             f"{concurrent} concurrent duplicates ran {len(ran)} times (statuses {statuses})",
         )
-        if ran:
+        if ran or counted.grew():
             break
+    counted.expect(1, f"{concurrent} concurrent duplicates")
     _expect(
         len(ran) == 1,
         duplicates[0],
@@ -173,10 +182,14 @@ def _duplicates_until_one_runs(
 
 
 def _refused(response: Any) -> bool:
-    """Answered without running: 409 ``request_in_progress``, or 503
-    ``idempotency_store_unavailable`` (the database could not arbitrate the
-    claim, as SQLite's shared-cache test databases do under concurrent
-    writers: "database table is locked"). Both carry ``Retry-After``."""
+    """Answered without keeping anything: 409 ``request_in_progress``, or
+    503 ``idempotency_store_unavailable`` (the database could not arbitrate
+    the claim, as SQLite's shared-cache test databases do under concurrent
+    writers: "database table is locked"), both with ``Retry-After``; or 500
+    ``request_rolled_back`` (the same lock met by the winner's COMMIT). The
+    effects count still catches a rolled-back answer whose work was kept."""
+    if response.status_code == 500:
+        return b"request_rolled_back" in response.content
     return response.status_code in (409, 503) and "Retry-After" in response
 
 
@@ -198,6 +211,9 @@ class _Effects:
     def __init__(self, count: Callable[[], int] | None) -> None:
         self.count = count
         self.last = count() if count is not None else 0
+
+    def grew(self) -> bool:
+        return self.count is not None and self.count() != self.last
 
     def expect(self, grown: int, what: str) -> None:
         if self.count is None:

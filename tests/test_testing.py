@@ -82,13 +82,17 @@ def test_effects_that_grow_twice_fail(api: APIClient) -> None:
         assert_idempotent(api, "/charges/", {"amount": 7}, effects=lambda: 2 * charges())
 
 
+ROLLED_BACK = b'{"detail": "...", "code": "request_rolled_back"}'
+
+
 def refused_by_the_database(
     times: int, monkeypatch: pytest.MonkeyPatch, status: int = 503
 ) -> list[int]:
     """The first ``times`` rounds of concurrent copies come back refused
-    without running, as SQLite's shared cache answers concurrent writers
-    (503 at the claim, 409 at the winner's completion); the rounds sent
-    are counted."""
+    without keeping anything, as SQLite's shared cache answers concurrent
+    writers (503 at the claim, 409 while the winner runs, 500
+    ``request_rolled_back`` at the winner's COMMIT); the rounds sent are
+    counted."""
     real = testing._at_once
     rounds: list[int] = []
 
@@ -96,15 +100,16 @@ def refused_by_the_database(
         rounds.append(count)
         if len(rounds) > times:
             return real(count, send, client)
-        refused = HttpResponse(status=status, headers={"Retry-After": "1"})
-        return [refused] * count
+        if status == 500:
+            return [HttpResponse(status=500, content=ROLLED_BACK)] * count
+        return [HttpResponse(status=status, headers={"Retry-After": "1"})] * count
 
     monkeypatch.setattr(testing, "_at_once", at_once)
     return rounds
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("status", [503, 409])
+@pytest.mark.parametrize("status", [503, 409, 500])
 def test_a_round_the_database_refused_is_sent_again(
     api: APIClient, monkeypatch: pytest.MonkeyPatch, status: int
 ) -> None:
@@ -122,6 +127,25 @@ def test_a_database_that_refuses_every_round_fails_the_proof(
     with pytest.raises(AssertionError, match=r"ran 0 times \(statuses \[503, 503\]\)"):
         assert_idempotent(api, "/charges/", {"amount": 7})
     assert len(rounds) == testing.ROUNDS
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_answer_whose_work_was_kept_fails_the_proof(
+    api: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 500 ``request_rolled_back`` is a round that kept nothing only if
+    the effects say so: here both copies' work was kept all the same."""
+    made: list[int] = []
+
+    def at_once(count: int, send: Any, client: Any) -> list[Any]:
+        made.append(1)
+        return [HttpResponse(status=500, content=ROLLED_BACK)] * count
+
+    monkeypatch.setattr(testing, "_at_once", at_once)
+    with pytest.raises(AssertionError, match="effects grew by 2, not 1"):
+        assert_idempotent(
+            api, "/charges/", {"amount": 7}, effects=lambda: charges() + 2 * len(made)
+        )
 
 
 @pytest.mark.django_db

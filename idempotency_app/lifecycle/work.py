@@ -170,12 +170,9 @@ class _WorkState:
             self.observe()
 
 
-# Django's PostgreSQL backend's savepoint statements (its names are
+# Django's PostgreSQL backend's RELEASE SAVEPOINT (its names are
 # s<thread>_x<n>), and nothing else.
-_PQ_INERROR = 3
-# A name's number counts the savepoints of the transaction in order.
-_DJANGO_RELEASE = re.compile(r'RELEASE SAVEPOINT "s\d+_x(\d+)"')
-_DJANGO_ROLLBACK_TO = re.compile(r'ROLLBACK TO SAVEPOINT "s\d+_x(\d+)"')
+_DJANGO_RELEASE = re.compile(r'RELEASE SAVEPOINT "s\d+_x\d+"')
 
 
 class _Savepoints:
@@ -187,8 +184,11 @@ class _Savepoints:
     send several statements in one message and answer the last one's result
     once the others are skipped over); one still held when the work ends
     goes in front of the completion, so that a release the server refuses
-    still fails the work. A ROLLBACK TO destroys the savepoints made after
-    its own. Releasing late changes nothing a statement can see. The
+    still fails the work. Every statement takes them in front, a ROLLBACK
+    TO too: a release of a savepoint that the rollback would destroy may be
+    one the server refuses (released twice, or rolled back past already),
+    and that must fail the work as it would have. Releasing late changes
+    nothing a statement can see. The
     SAVEPOINT itself is sent at once: a statement the library does not see
     (a cursor class instantiated by hand) must run after it.
     """
@@ -199,15 +199,6 @@ class _Savepoints:
     def hold(self, sql: Any, params: Any, many: bool) -> bool:
         """Whether ``sql`` is Django's RELEASE SAVEPOINT, held back."""
         if params is not None or many or not isinstance(sql, str):
-            return False
-        rollback = _DJANGO_ROLLBACK_TO.fullmatch(sql)
-        if rollback:
-            # The releases of savepoints made after its own are destroyed by
-            # the rollback (and could not run in an aborted transaction);
-            # one made before goes first, as it would have, and the server
-            # then refuses the rollback as it would have.
-            target = int(rollback.group(1))
-            self.held = [r for r in self.held if _number(r) <= target]
             return False
         if _DJANGO_RELEASE.fullmatch(sql) is None:
             return False
@@ -363,12 +354,6 @@ def _guard(state: _WorkState, alias: str) -> Callable[..., Any]:
     return guard
 
 
-def _number(release: str) -> int:
-    match = _DJANGO_RELEASE.fullmatch(release)
-    assert match is not None
-    return int(match.group(1))
-
-
 def _with_savepoints(
     state: _WorkState,
     execute: Callable[..., Any],
@@ -391,7 +376,7 @@ def _with_savepoints(
     try:
         result = execute(sent, params, many, context)
     except Exception as exc:
-        if _refused_before_sending(exc, context):
+        if _refused_before_sending(exc):
             savepoints.held[:0] = held  # still to send
         raise
     for _ in held:
@@ -399,15 +384,15 @@ def _with_savepoints(
     return result
 
 
-def _refused_before_sending(exc: BaseException, context: Any) -> bool:
-    """Whether the driver refused the statement before sending it (a
-    parameter it cannot adapt): its own error, without a server's SQLSTATE,
-    the transaction still sound. Anything else may have run."""
+def _refused_before_sending(exc: BaseException) -> bool:
+    """Whether the server never answered the statement: an error without a
+    server's SQLSTATE (a parameter the driver cannot adapt, a TypeError, a
+    lost connection). Its held releases are put back: sent again after a
+    lost connection, they fail as the transaction has; and one that did run
+    is refused when sent again, which fails the work rather than let a
+    refused release vanish."""
     driver_error = exc if hasattr(exc, "sqlstate") else exc.__cause__
-    if getattr(driver_error, "sqlstate", "") is not None:
-        return False
-    status = context["connection"].connection.pgconn.transaction_status
-    return bool(status != _PQ_INERROR)
+    return getattr(driver_error, "sqlstate", None) is None
 
 
 def _ends(ending: str) -> str:

@@ -167,15 +167,81 @@ def _savepoint_released_twice() -> str:
     return "done"
 
 
-@pytest.mark.parametrize(
-    "work", [_refused_release_in_a_block_that_ends_the_work, _savepoint_released_twice]
-)
+def _released_twice_then_rolled_back_past() -> str:
+    Charge.objects.create(label="w")
+    outer = transaction.savepoint()
+    inner = transaction.savepoint()
+    transaction.savepoint_commit(inner)
+    transaction.savepoint_commit(inner)  # refused
+    transaction.savepoint_rollback(outer)  # would destroy inner: the refusal must still count
+    return "done"
+
+
+def _refused_release_then_rolled_back_past() -> str:
+    Charge.objects.create(label="w")
+    outer = transaction.savepoint()
+    inner = transaction.savepoint()
+    with transaction.atomic():  # its RELEASE is refused: the rollback below destroyed it
+        Charge.objects.create(label="undone")
+        transaction.savepoint_rollback(inner)
+    with connection.cursor() as cursor:  # the rollback typed as Django sends it
+        cursor.execute(connection.ops.savepoint_rollback_sql(outer))
+    return "done"
+
+
+def _refused_release_in_a_block_left_by_an_expected_exception() -> str:
+    Charge.objects.create(label="w")
+    try:
+        with transaction.atomic():  # left by the ValueError: rolled back to its savepoint
+            sid = transaction.savepoint()
+            with transaction.atomic():  # its RELEASE is refused
+                transaction.savepoint_rollback(sid)
+            raise ValueError("expected by the work")
+    except ValueError:
+        pass
+    return "done"
+
+
+def _refused_release_then_a_statement_the_driver_refuses() -> str:
+    Charge.objects.create(label="w")
+    sid = transaction.savepoint()
+    with transaction.atomic():  # its RELEASE is refused
+        transaction.savepoint_rollback(sid)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT %(a)s", [1])  # never sent: a TypeError in the driver
+    except TypeError:
+        transaction.set_rollback(False)  # true: nothing reached the server
+    Charge.objects.create(label="after")
+    return "done"
+
+
+REFUSED_RELEASES = [
+    _refused_release_in_a_block_that_ends_the_work,
+    _savepoint_released_twice,
+    _released_twice_then_rolled_back_past,
+    _refused_release_then_rolled_back_past,
+    _refused_release_in_a_block_left_by_an_expected_exception,
+    _refused_release_then_a_statement_the_driver_refuses,
+]
+
+
+@pytest.mark.parametrize("work", REFUSED_RELEASES)
+def test_without_a_key_a_refused_release_fails_the_work(work: Any) -> None:
+    with pytest.raises(DatabaseError), transaction.atomic():
+        work()
+    assert labels() == []
+
+
+@pytest.mark.parametrize("work", REFUSED_RELEASES)
 @pytest.mark.parametrize("caller", ["alone", "in the caller's transaction"])
 def test_a_release_the_server_refuses_fails_the_work(key: str, work: Any, caller: str) -> None:
-    """Without a key Django's RELEASE fails and so does the work; held back
-    to the end of the work, it must still reach the server before the
-    outcome is stored, not be dropped at the COMMIT (or at the release of
-    the savepoint around a claim made inside the caller's transaction)."""
+    """Without a key Django's RELEASE fails and so does the work (above);
+    held back, it must still reach the server before the outcome is stored:
+    not be dropped at the COMMIT (or at the release of the savepoint around
+    a claim made inside the caller's transaction), nor by a ROLLBACK TO of
+    an earlier savepoint, nor with a statement that never reached the
+    server."""
     with pytest.raises((DatabaseError, WorkRolledBack)):  # the driver's error, or rolled back
         if caller == "alone":
             once(key, work)

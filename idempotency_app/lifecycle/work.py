@@ -48,7 +48,7 @@ from django.db.transaction import Atomic
 from idempotency_app.exceptions import CannotBeAtomic, TransactionEnded
 from idempotency_app.lifecycle import drivers, statements
 from idempotency_app.store import Identity
-from idempotency_app.store.postgresql import makes_text_cursors, sends_text
+from idempotency_app.store.postgresql import begin_with, makes_text_cursors, sends_text
 
 
 class UnitAtomic(Atomic):
@@ -170,8 +170,9 @@ class _WorkState:
             self.observe()
 
 
-# Django's PostgreSQL backend's RELEASE SAVEPOINT (its names are
-# s<thread>_x<n>), and nothing else.
+# Django's PostgreSQL backend's SAVEPOINT and RELEASE SAVEPOINT (its names
+# are s<thread>_x<n>), and nothing else.
+_DJANGO_SAVEPOINT = re.compile(r'SAVEPOINT "s\d+_x\d+"')
 _DJANGO_RELEASE = re.compile(r'RELEASE SAVEPOINT "s\d+_x\d+"')
 
 
@@ -190,7 +191,8 @@ class _Savepoints:
     and that must fail the work as it would have. Releasing late changes
     nothing a statement can see. The
     SAVEPOINT itself is sent at once: a statement the library does not see
-    (a cursor class instantiated by hand) must run after it.
+    (a cursor class instantiated by hand) must run after it. When it opens
+    the transaction, it goes with the BEGIN (``postgresql.begin_with``).
     """
 
     def __init__(self) -> None:
@@ -371,6 +373,13 @@ def _with_savepoints(
     sent, held = savepoints.prefix(sql, many or not sends_text(context["cursor"].cursor))
     if not held:
         savepoints.flush(context["connection"])
+        if (
+            params is None
+            and isinstance(sql, str)
+            and _DJANGO_SAVEPOINT.fullmatch(sql)
+            and begin_with(context["connection"], sql)
+        ):
+            return None
         return execute(sql, params, many, context)
     state.judging = sent
     try:

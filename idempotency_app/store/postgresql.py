@@ -179,3 +179,31 @@ def _preparing_cursor(connection: Any) -> Any:
     if connection.queries_logged:
         return connection.make_debug_cursor(cursor)
     return connection.make_cursor(cursor)
+
+
+def begin_with(connection: Any, statement: str) -> bool:
+    """Open the transaction with ``statement`` (the work's first SAVEPOINT)
+    in the BEGIN's own round trip, where psycopg would send BEGIN alone and
+    then the statement; False, sending nothing, unless the transaction is
+    not open yet and opens with a plain BEGIN (no isolation level, read-only
+    or deferrable setting on the connection). It is sent at once, so no
+    statement can slip in before it, through libpq's own call: psycopg
+    would send its BEGIN first."""
+    from psycopg import OperationalError, errors, pq
+
+    raw = connection.connection
+    pgconn = raw.pgconn
+    if (
+        raw.autocommit
+        or pgconn.transaction_status != pq.TransactionStatus.IDLE
+        or pgconn.pipeline_status
+        or (raw.isolation_level, raw.read_only, raw.deferrable) != (None, None, None)
+    ):
+        return False
+    with connection.wrap_database_errors:
+        result = pgconn.exec_(b"BEGIN; " + statement.encode())
+        if result.status != pq.ExecStatus.COMMAND_OK:
+            if pgconn.status != pq.ConnStatus.OK:
+                raise OperationalError(pgconn.get_error_message(raw.info.encoding))
+            raise errors.error_from_result(result, encoding=raw.info.encoding)
+    return True

@@ -13,7 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    OperationalError,
+    connection,
+    connections,
+    transaction,
+)
 
 from idempotency_app import service
 from idempotency_app.exceptions import WorkRolledBack
@@ -50,6 +57,84 @@ def test_a_failed_inner_block_caught_by_the_work_undoes_only_itself() -> None:
 
     assert once("k1", work) == "done"
     assert labels() == ["after", "before"]
+
+
+@pytest.mark.parametrize("first", ["a failed INSERT", "an exception"])
+def test_a_block_that_opens_the_transaction_and_fails_undoes_only_itself(first: str) -> None:
+    """On PostgreSQL this block's SAVEPOINT goes with the BEGIN: it must
+    still mark where the block began, so that rolling back to it keeps the
+    transaction and the work after it."""
+    Tag.objects.create(name="taken")
+
+    def work() -> str:
+        try:
+            with transaction.atomic():
+                Charge.objects.create(label="inside, undone")
+                if first == "an exception":
+                    raise ValueError(first)
+                Tag.objects.create(name="taken")
+        except (IntegrityError, ValueError):
+            pass
+        Charge.objects.create(label="after")
+        return "done"
+
+    assert once(f"k-open-{first}", work) == "done"
+    assert labels() == ["after"]
+
+
+@pytest.mark.postgresql
+def test_a_transaction_with_an_isolation_level_opens_as_psycopg_would(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection whose transactions open with options (OPTIONS
+    isolation_level) keeps psycopg's own BEGIN: the block's SAVEPOINT then
+    has a round trip of its own, and the work runs at that level."""
+    from psycopg import IsolationLevel
+
+    def work() -> str:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SHOW transaction_isolation")
+            return str(cursor.fetchone()[0])
+
+    options = connection.settings_dict["OPTIONS"]
+    monkeypatch.setitem(options, "isolation_level", IsolationLevel.SERIALIZABLE)
+    connection.close()  # a session of its own, opened with the option
+    try:
+        trips, level = round_trips(lambda: once(key, work))
+    finally:
+        connection.close()
+    assert level == "serializable"
+    assert trips[1] == "BEGIN ISOLATION LEVEL SERIALIZABLE", trips
+    assert trips[2].startswith("SAVEPOINT"), trips
+
+
+@pytest.mark.postgresql
+def test_a_session_lost_before_the_first_block_is_an_outage(key: str) -> None:
+    """The BEGIN and the SAVEPOINT go through libpq's own call: a session
+    ended by the server must still be the driver's OperationalError (the
+    key is then let go: 503, nothing kept), not a bare database error."""
+    from idempotency_app.exceptions import StoreUnavailable
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        session = cursor.fetchone()[0]
+
+    def work() -> str:
+        other = connections.create_connection("default")
+        try:
+            with other.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [session])
+        finally:
+            other.close()
+        with transaction.atomic():
+            Charge.objects.create(label="never")
+        return "done"
+
+    with pytest.raises((OperationalError, StoreUnavailable)):
+        once(key, work)
+    connection.close()
+    assert labels() == []
+    assert not IdempotencyRecord.objects.filter(key=key, response_body__isnull=False).exists()
 
 
 def test_the_failing_statement_is_the_first_in_the_block() -> None:
@@ -269,7 +354,7 @@ def test_a_block_that_ends_work_in_the_callers_transaction(key: str) -> None:
 
 
 @pytest.mark.postgresql
-def test_a_block_costs_its_savepoint_and_no_release(key: str) -> None:
+def test_a_block_costs_no_release_and_the_first_no_savepoint(key: str) -> None:
     def plain() -> None:
         Charge.objects.create(label="a")
         Charge.objects.create(label="b")
@@ -283,8 +368,10 @@ def test_a_block_costs_its_savepoint_and_no_release(key: str) -> None:
 
     without, _ = round_trips(lambda: once(f"{key}-1", plain))
     with_blocks, _ = round_trips(lambda: once(f"{key}-2", in_blocks))
-    # Two SAVEPOINTs; each RELEASE rides with the next statement or the COMMIT.
-    assert len(with_blocks) == len(without) + 2, (without, with_blocks)
+    # The first SAVEPOINT goes with the BEGIN, the second alone; each RELEASE
+    # rides with the next statement or the COMMIT.
+    assert len(with_blocks) == len(without) + 1, (without, with_blocks)
+    assert with_blocks[1].startswith("BEGIN; SAVEPOINT"), with_blocks
 
 
 def test_the_guard_reads_each_orm_statement_without_its_lexer(

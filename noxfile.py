@@ -12,6 +12,7 @@ pyenv is there. .ci/run runs the oldest pair and the newest one.
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import sys
@@ -66,7 +67,12 @@ def tests(session: nox.Session, django: str) -> None:
     if django == "4.2":
         # The oldest supported pair, with the oldest asgiref the library takes.
         pins += ["djangorestframework>=3.15,<3.16", "asgiref>=3.9.1,<3.10"]
-    session.install("--disable-pip-version-check", "-e", f".[{_extras(django)}]", *pins)
+    # Sessions run at once (.ci/run) write the same egg-info here: one
+    # installs at a time.
+    os.makedirs(".nox", exist_ok=True)
+    with open(".nox/.install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        session.install("--disable-pip-version-check", "-e", f".[{_extras(django)}]", *pins)
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *session.posargs)
 
 

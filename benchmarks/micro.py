@@ -187,7 +187,14 @@ def summarize_mysql(trace: MysqlTrace) -> tuple[str, int, list[str]]:
     return trips, transactions, [short_sql(text) for _, text in trace.calls]
 
 
-def short_sql(sql: str) -> str:
+def short_sql(message: str) -> str:
+    """One round trip's statements, named; several sent in one message are
+    joined with " + " (the bench's own statements hold no semicolon)."""
+    parts = [part for part in message.split(";") if part.strip()]
+    return " + ".join(_short_statement(part) for part in parts) or "?"
+
+
+def _short_statement(sql: str) -> str:
     sql = sql.strip().strip('"')
     words = sql.split()
     table_match = re.search(r'(?:INTO|FROM|UPDATE)\s+[`"](\w+)[`"]', sql)
@@ -195,8 +202,10 @@ def short_sql(sql: str) -> str:
         "idempotency_app_idempotencyrecord", "record"
     )
     verb = words[0].upper() if words else "?"
+    if verb == "WITH" and words[1:2] == ["done"]:
+        return f"complete {name}"
     if verb == "WITH":
-        return f"claim {name} (INSERT .. ON CONFLICT + SELECT)"
+        return f"claim {name} (INSERT .. ON CONFLICT, SELECT)"
     if verb in ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT") or sql.startswith("SET autocommit"):
         return sql if verb == "SET" else verb
     if verb == "RELEASE":

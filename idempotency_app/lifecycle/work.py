@@ -343,10 +343,14 @@ def _guard(state: _WorkState, alias: str) -> Callable[..., Any]:
             return execute(sql, params, many, context)
         if savepoints is None:
             run = functools.partial(execute, sql, params, many, context)
-        elif savepoints.hold(sql, params, many):
-            return None
+        elif (reorder := _may_reorder(guard, context["connection"])) and savepoints.hold(
+            sql, params, many
+        ):
+            return context["cursor"].cursor  # what the driver's execute() returns
         else:
-            run = functools.partial(_with_savepoints, state, execute, sql, params, many, context)
+            run = functools.partial(
+                _with_savepoints, state, execute, sql, params, many, context, reorder
+            )
         state.judging = sql  # the raw cursor it reaches judges it no more
         try:
             return _judged(state, alias, sql, context["cursor"].cursor, run)
@@ -356,6 +360,16 @@ def _guard(state: _WorkState, alias: str) -> Callable[..., Any]:
     return guard
 
 
+def _may_reorder(guard: Callable[..., Any], connection: Any) -> bool:
+    """Whether the guard may hold a RELEASE back, or send a SAVEPOINT with
+    the BEGIN, without anyone seeing a difference: no execute wrapper runs
+    inside it (the work's own would miss the statement), and Django is not
+    logging queries (its log reads the SQL back from the driver's cursor,
+    and DEBUG, ``assertNumQueries`` and ``CaptureQueriesContext`` must show
+    each statement as Django sent it)."""
+    return connection.execute_wrappers[-1] is guard and not connection.queries_logged
+
+
 def _with_savepoints(
     state: _WorkState,
     execute: Callable[..., Any],
@@ -363,23 +377,27 @@ def _with_savepoints(
     params: Any,
     many: bool,
     context: Any,
+    reorder: bool,
 ) -> Any:
     """Run ``sql`` with the savepoint statements held in front of it (judged
-    already: the driver's cursor it reaches need not judge it again)."""
+    already: the driver's cursor it reaches need not judge it again), or,
+    where the guard may not ``reorder``, after them."""
     savepoints = state.savepoints
     assert savepoints is not None
     # A cursor that binds on the server (the claim's, when it is prepared)
     # takes one statement: the held ones go ahead of it.
-    sent, held = savepoints.prefix(sql, many or not sends_text(context["cursor"].cursor))
+    alone = not reorder or many or not sends_text(context["cursor"].cursor)
+    sent, held = savepoints.prefix(sql, alone)
     if not held:
         savepoints.flush(context["connection"])
         if (
-            params is None
+            reorder
+            and params is None
             and isinstance(sql, str)
             and _DJANGO_SAVEPOINT.fullmatch(sql)
             and begin_with(context["connection"], sql)
         ):
-            return None
+            return context["cursor"].cursor
         return execute(sql, params, many, context)
     state.judging = sent
     try:

@@ -111,8 +111,9 @@ def test_a_transaction_with_an_isolation_level_opens_as_psycopg_would(
 @pytest.mark.postgresql
 def test_a_session_lost_before_the_first_block_is_an_outage(key: str) -> None:
     """The BEGIN and the SAVEPOINT go through libpq's own call: a session
-    ended by the server must still be the driver's OperationalError (the
-    key is then let go: 503, nothing kept), not a bare database error."""
+    ended by the server must still be the driver's OperationalError, as
+    psycopg would raise it (nothing kept, the key free to run again), not a
+    bare database error."""
     from idempotency_app.exceptions import StoreUnavailable
 
     with connection.cursor() as cursor:

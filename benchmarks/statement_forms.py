@@ -1,4 +1,4 @@
-"""Two ways of sending the library's statements, measured against the way it sends them (PostgreSQL).
+"""Other ways of sending the library's statements, measured against the way it sends them (PostgreSQL).
 
     .venv/bin/python -m benchmarks.statement_forms [--batches 10] [--per-batch 200]
 
@@ -6,9 +6,11 @@
    library sends it) against a psycopg ``Cursor`` that binds on the server
    without preparing: what binding on the server saves in client CPU, and
    what its extra protocol messages cost in wall time.
-2. A transaction's first statement, a SAVEPOINT: sent as psycopg sends it
-   (BEGIN, then the SAVEPOINT: two round trips) against both in one
-   pipeline (one round trip, plus entering and leaving pipeline mode).
+2. A transaction's first statement, a SAVEPOINT: sent as the library sends
+   it (``BEGIN; SAVEPOINT`` in one message through libpq, one round trip)
+   against psycopg's way (BEGIN, then the SAVEPOINT: two round trips) and
+   both in one pipeline (one round trip, plus entering and leaving pipeline
+   mode).
 
 Each pair alternates in batches, so whatever else the machine does weighs
 on both alike; medians of the batches' means, wall and CPU.
@@ -65,8 +67,14 @@ def claim_pair(connection: Any) -> dict[str, Callable[[], None]]:
     }
 
 
-def savepoint_pair(connection: Any) -> dict[str, Callable[[], None]]:
+def savepoint_forms(connection: Any) -> dict[str, Callable[[], None]]:
+    from idempotency_app.store.postgresql import begin_with
+
     raw = connection.connection
+
+    def in_one_message() -> None:
+        assert begin_with(connection, 'SAVEPOINT "bench"')
+        raw.rollback()
 
     def first_statement(piped: bool) -> Callable[[], None]:
         def run() -> None:
@@ -81,7 +89,8 @@ def savepoint_pair(connection: Any) -> dict[str, Callable[[], None]]:
         return run
 
     return {
-        "BEGIN, then SAVEPOINT (as sent)": first_statement(False),
+        "BEGIN; SAVEPOINT in one message (as sent)": in_one_message,
+        "BEGIN, then SAVEPOINT (psycopg's way)": first_statement(False),
         "BEGIN and SAVEPOINT in one pipeline": first_statement(True),
     }
 
@@ -124,7 +133,7 @@ def main() -> None:
     connection.ensure_connection()
     rows = alternate(claim_pair(connection), args.batches, args.per_batch)
     connection.connection.autocommit = False
-    rows += alternate(savepoint_pair(connection), args.batches, args.per_batch)
+    rows += alternate(savepoint_forms(connection), args.batches, args.per_batch)
     connection.connection.autocommit = True
     headers = ["statement", "wall us", "CPU us", "wall vs as sent", "CPU vs as sent"]
     print(table(headers, rows))

@@ -1,10 +1,12 @@
-"""Work that tries what a savepoint held back could get wrong: lock timeouts, set_rollback, savepoint=False, raw
-savepoint SQL, executemany, a second alias, deferred constraints at the
-COMMIT, on_commit hooks. Each test asserts a guarantee; it fails if broken."""
+"""Work that tries what a savepoint held back could get wrong: lock
+timeouts, set_rollback, savepoint=False, raw savepoint SQL, executemany, a
+second alias, deferred constraints at the COMMIT, on_commit hooks. Each
+test asserts a guarantee; it fails if broken."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -314,49 +316,34 @@ def test_a_raw_rollback_to_does_not_drop_a_refused_release(key: str, rollback: s
     assert_nothing_kept(key)
 
 
-@pytest.mark.postgresql
-def test_executemany_after_a_refused_release(key: str) -> None:
+def _executemany() -> None:
     table = connection.ops.quote_name(Charge._meta.db_table)
+    with connection.cursor() as c:
+        c.executemany(f"INSERT INTO {table} (label, amount) VALUES (%s, %s)", [("m", 1)])
 
+
+def _callproc() -> None:
+    with connection.cursor() as c:
+        c.callproc("pg_sleep", [0])
+
+
+def _the_drivers_own_cursor() -> None:
+    table = connection.ops.quote_name(Charge._meta.db_table)
+    raw = connection.connection.cursor()
+    raw.execute(f"INSERT INTO {table} (label, amount) VALUES ('raw', 1)")
+    raw.close()
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("then", [_executemany, _callproc, _the_drivers_own_cursor])
+def test_sql_that_cannot_carry_a_refused_release_still_fails_the_work(
+    key: str, then: Callable[[], None]
+) -> None:
     def work() -> str:
         sid = transaction.savepoint()
-        with transaction.atomic():
+        with transaction.atomic():  # its RELEASE is refused
             transaction.savepoint_rollback(sid)
-        with connection.cursor() as c:
-            c.executemany(f"INSERT INTO {table} (label, amount) VALUES (%s, %s)", [("m", 1)])
-        return "done"
-
-    with pytest.raises(FAILED):
-        once(key, work)
-    assert_nothing_kept(key)
-
-
-@pytest.mark.postgresql
-def test_callproc_after_a_refused_release(key: str) -> None:
-    def work_callproc() -> str:
-        sid = transaction.savepoint()
-        with transaction.atomic():
-            transaction.savepoint_rollback(sid)
-        with connection.cursor() as c:
-            c.callproc("pg_sleep", [0])
-        return "done"
-
-    with pytest.raises(FAILED):
-        once(key, work_callproc)
-    assert_nothing_kept(key)
-
-
-@pytest.mark.postgresql
-def test_the_drivers_own_cursor_after_a_refused_release(key: str) -> None:
-    table = connection.ops.quote_name(Charge._meta.db_table)
-
-    def work() -> str:
-        sid = transaction.savepoint()
-        with transaction.atomic():
-            transaction.savepoint_rollback(sid)
-        raw = connection.connection.cursor()
-        raw.execute(f"INSERT INTO {table} (label, amount) VALUES ('raw', 1)")
-        raw.close()
+        then()
         return "done"
 
     with pytest.raises(FAILED):

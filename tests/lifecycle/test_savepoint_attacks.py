@@ -34,6 +34,12 @@ def assert_nothing_kept(key: str) -> None:
     assert not IdempotencyRecord.objects.filter(key=key).exists()
 
 
+def fails_keeping_nothing(key: str, work: Any) -> None:
+    with pytest.raises(FAILED):
+        once(key, work)
+    assert_nothing_kept(key)
+
+
 def assert_replays(key: str, result: Any) -> None:
     def boom() -> Any:
         raise AssertionError("ran twice")
@@ -223,9 +229,7 @@ def test_set_rollback_at_the_works_level_is_no_success(key: str) -> None:
         transaction.set_rollback(True)
         return "done"
 
-    with pytest.raises(FAILED):
-        once(key, work)
-    assert_nothing_kept(key)
+    fails_keeping_nothing(key, work)
 
 
 def test_a_failed_savepoint_false_block_inside_a_savepoint_block_is_undone_by_it(key: str) -> None:
@@ -258,9 +262,7 @@ def test_a_failed_savepoint_false_block_at_the_top_caught_is_no_success(key: str
             pass
         return "done"
 
-    with pytest.raises(FAILED):
-        once(key, work)
-    assert_nothing_kept(key)
+    fails_keeping_nothing(key, work)
 
 
 # -- raw savepoint SQL typed by the user -----------------------------------------
@@ -286,9 +288,7 @@ def test_a_raw_release_of_a_destroyed_savepoint_fails_the_work(key: str, release
             c.execute(release.format(sid=inner))
         return "done"
 
-    with pytest.raises(FAILED):
-        once(key, work)
-    assert_nothing_kept(key)
+    fails_keeping_nothing(key, work)
 
 
 @pytest.mark.postgresql
@@ -311,9 +311,7 @@ def test_a_raw_rollback_to_does_not_drop_a_refused_release(key: str, rollback: s
             c.execute(rollback.format(sid=outer))
         return "done"
 
-    with pytest.raises(FAILED):
-        once(key, work)
-    assert_nothing_kept(key)
+    fails_keeping_nothing(key, work)
 
 
 def _executemany() -> None:
@@ -346,9 +344,7 @@ def test_sql_that_cannot_carry_a_refused_release_still_fails_the_work(
         then()
         return "done"
 
-    with pytest.raises(FAILED):
-        once(key, work)
-    assert_nothing_kept(key)
+    fails_keeping_nothing(key, work)
 
 
 # -- a second alias ----------------------------------------------------------------
@@ -383,9 +379,7 @@ def test_a_refused_release_around_a_read_of_the_other_alias(key: str) -> None:
             list(AuditEntry.objects.using("other").all())
         return "done"
 
-    with pytest.raises(FAILED):
-        once(key, work)
-    assert_nothing_kept(key)
+    fails_keeping_nothing(key, work)
 
 
 # -- clean_savepoints() ------------------------------------------------------------

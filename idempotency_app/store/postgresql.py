@@ -15,6 +15,22 @@ from idempotency_app.store.base import CLAIMED, Claimed, Existing, Identity, Sto
 # the failure skips the COMMIT, so the work rolls back.
 CLAIM_LOST = "idempotency_app: the claim was taken over, rolling the work back"
 
+# The claim statement as a PL/pgSQL function (migration 0007), and the
+# parameters it takes in order, before whether it runs alone.
+CLAIM_FUNCTION = "idempotency_claim_v1"
+CLAIM_ARGUMENTS = (
+    "scope",
+    "key",
+    "operation",
+    "fingerprint",
+    "token",
+    "now",
+    "expires",
+    "lease",
+    "soon",
+)
+_CLAIM_SIGNATURE = f"{CLAIM_FUNCTION}(text,text,text,text,text,float8,float8,float8,float8,boolean)"
+
 
 class Backend(base.Backend):
     vendor = "postgresql"
@@ -37,6 +53,14 @@ class Backend(base.Backend):
             )
 
         self.claim_sql = claim()
+        # The same statement as a function that the server plans once per
+        # connection (migration 0007), where that migration has run.
+        arguments = ", ".join(f"%({name})s" for name in CLAIM_ARGUMENTS)
+        self.claim_calls = {
+            alone: f"SELECT * FROM {CLAIM_FUNCTION}({arguments}, {alone})"
+            for alone in (False, True)
+        }
+        self.claims_by_function: bool | None = None
         # Outside any transaction, the claim's commit does not wait for its
         # WAL flush. WAL is flushed in order, so the work's own (synchronous)
         # commit makes the claim durable too; a crash can only lose a claim
@@ -63,12 +87,22 @@ class Backend(base.Backend):
         params = self.claim_params(identity, token, ttl, lease)
         with _preparing_cursor(connection) as cursor:
             self.adapt(cursor.cursor)
-            cursor.execute(self.claim_alone_sql if alone else self.claim_sql, params)
+            cursor.execute(self.claim_statement(alone), params)
             row = cursor.fetchone()
         if row is None:
             # Lost the race to a row this statement's snapshot cannot see yet.
             return self.fetch(identity)
         return CLAIMED if row[0] is None else base.existing(row)
+
+    def claim_statement(self, alone: bool) -> str:
+        """The claim as the function where migration 0007 has run (asked on
+        the open connection at the first claim, and then never again), else
+        the statement itself."""
+        if self.claims_by_function is None:
+            self.claims_by_function = has_claim_function(connections[self.using].connection)
+        if self.claims_by_function:
+            return self.claim_calls[alone]
+        return self.claim_alone_sql if alone else self.claim_sql
 
     def complete(
         self,
@@ -179,6 +213,27 @@ def _preparing_cursor(connection: Any) -> Any:
     if connection.queries_logged:
         return connection.make_debug_cursor(cursor)
     return connection.make_cursor(cursor)
+
+
+def has_claim_function(raw: Any) -> bool | None:
+    """Whether the claim function exists where the connection looks for it
+    (None: not known yet, ask again). Asked once per process and alias,
+    through libpq's own call: outside psycopg's transaction handling (it
+    opens no transaction), and unseen by the query log, so that the first
+    request a process serves counts the statements every other one does.
+    psycopg2 sends the statement itself."""
+    pgconn = getattr(raw, "pgconn", None)
+    if pgconn is None:
+        return False
+    from psycopg import pq
+
+    idle = (pq.TransactionStatus.IDLE, pq.TransactionStatus.INTRANS)
+    if pgconn.pipeline_status or pgconn.transaction_status not in idle:
+        return None
+    result = pgconn.exec_(f"SELECT to_regprocedure('{_CLAIM_SIGNATURE}') IS NOT NULL".encode())
+    if result.status != pq.ExecStatus.TUPLES_OK:
+        return None
+    return bool(result.get_value(0, 0) == b"t")
 
 
 def begin_with(connection: Any, statement: str) -> bool:

@@ -2,10 +2,12 @@
 
     .venv/bin/python -m benchmarks.statement_forms [--batches 10] [--per-batch 200]
 
-1. The claim through Django's cursor (psycopg's client-side binding, as the
-   library sends it) against a psycopg ``Cursor`` that binds on the server
-   without preparing: what binding on the server saves in client CPU, and
-   what its extra protocol messages cost in wall time.
+1. The claim through Django's cursor as the library sends it, a call of
+   its PL/pgSQL function (migration 0007: the server plans it once per
+   session), against the statement itself as text (parsed and planned on
+   every claim, as before the function), and bound on the server without
+   preparing (what binding on the server saves in client CPU, and what its
+   extra protocol messages cost in wall time).
 2. A transaction's first statement, a SAVEPOINT: sent as the library sends
    it (``BEGIN; SAVEPOINT`` in one message through libpq, one round trip)
    against psycopg's way (BEGIN, then the SAVEPOINT: two round trips) and
@@ -35,35 +37,39 @@ from benchmarks.common import (
 )
 
 
-def claim_pair(connection: Any) -> dict[str, Callable[[], None]]:
+def claim_forms(connection: Any) -> dict[str, Callable[[], None]]:
     from psycopg import Cursor
 
     from idempotency_app import store
     from idempotency_app.store import Identity
 
     records = store.backend(connection.alias)
-    sql = records.claim_alone_sql
+    assert records.claim_statement(True) == records.claim_calls[True], "migrate to 0007"
 
     def params() -> dict[str, Any]:
         identity = Identity("user:1", str(uuid.uuid4()), "POST charges/", "f" * 64)
         return records.claim_params(identity, uuid.uuid4().hex, 86400, 60)
 
-    def client_side() -> None:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params())
-            cursor.fetchone()
+    def client_side(sql: str) -> Callable[[], None]:
+        def run() -> None:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params())
+                cursor.fetchone()
+
+        return run
 
     def server_side() -> None:
         with connection.wrap_database_errors:
             raw = Cursor(connection.connection)
         with connection.make_cursor(raw) as cursor:
             records.adapt(cursor.cursor)
-            cursor.execute(sql, params())
+            cursor.execute(records.claim_alone_sql, params())
             cursor.fetchone()
 
     return {
-        "claim, client-side binding (as sent)": client_side,
-        "claim, bound on the server, not prepared": server_side,
+        "claim, its function (as sent)": client_side(records.claim_calls[True]),
+        "claim, the statement as text": client_side(records.claim_alone_sql),
+        "claim, the statement bound on the server, not prepared": server_side,
     }
 
 
@@ -131,7 +137,7 @@ def main() -> None:
 
     print_machine(machine())
     connection.ensure_connection()
-    rows = alternate(claim_pair(connection), args.batches, args.per_batch)
+    rows = alternate(claim_forms(connection), args.batches, args.per_batch)
     connection.connection.autocommit = False
     rows += alternate(savepoint_forms(connection), args.batches, args.per_batch)
     connection.connection.autocommit = True

@@ -122,11 +122,17 @@ class Backend(base.Backend):
         if not self.carries_statements():
             return super().complete(identity, token, response, ttl, commit, before)
         params = self.complete_params(identity, token, response, ttl)
-        if commit:
-            self.execute("; ".join([*before, self.complete_commit_sql]), params)
-            return True
         with connections[self.using].cursor() as cursor:
-            cursor.execute("; ".join([*before, self.complete_sql]), params)
+            # Bound on its own, then joined: psycopg caches what it makes of
+            # a statement's text by the whole text, and the releases' names
+            # differ per request, so the joined text would be parsed anew
+            # each time (and crowd its cache).
+            completion = cursor.cursor.mogrify(
+                self.complete_commit_sql if commit else self.complete_sql, params
+            )
+            cursor.execute("; ".join([*before, completion]))
+            if commit:
+                return True
             for _ in before:
                 cursor.nextset()  # to the completion's own result
             return bool(cursor.rowcount == 1)

@@ -201,3 +201,28 @@ def test_work_in_a_transaction_adds_only_the_claim(key: str) -> None:
         # SET autocommit=0, two INSERTs, COMMIT, SET autocommit=1.
         assert len(alone) == 5, alone
         assert len(keyed) == len(alone) + 4, keyed
+
+
+@pytest.mark.postgresql
+def test_the_completion_reuses_what_psycopg_made_of_its_text(
+    api: APIClient, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psycopg turns a statement's text into a template once and caches it
+    by the whole text. On a connection kept across requests (CONN_MAX_AGE),
+    the releases sent in front of the completion carry savepoint names that
+    differ per request: joined before binding, every completion was a new
+    text to parse (and one more entry in the cache)."""
+    from psycopg import _queries
+
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)
+    connection.close()  # opened again with the setting
+    try:
+        url = "/patterns/tag-if-new-atomic/"  # a block whose RELEASE the completion carries
+        for n in range(3):  # every statement of the request seen once
+            post(api, url, {**BODY, "tag": f"{key}-warm-{n}"}, f"{key}-warm-{n}")
+        before = _queries._query2pg_client.cache_info().misses
+        for n in range(5):
+            assert post(api, url, {**BODY, "tag": f"{key}-{n}"}, f"{key}-{n}").status_code == 201
+        assert _queries._query2pg_client.cache_info().misses == before
+    finally:
+        connection.close()

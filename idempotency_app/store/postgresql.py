@@ -122,15 +122,16 @@ class Backend(base.Backend):
         if not self.carries_statements():
             return super().complete(identity, token, response, ttl, commit, before)
         params = self.complete_params(identity, token, response, ttl)
+        sql = self.complete_commit_sql if commit else self.complete_sql
         with connections[self.using].cursor() as cursor:
-            # Bound on its own, then joined: psycopg caches what it makes of
-            # a statement's text by the whole text, and the releases' names
-            # differ per request, so the joined text would be parsed anew
-            # each time (and crowd its cache).
-            completion = cursor.cursor.mogrify(
-                self.complete_commit_sql if commit else self.complete_sql, params
-            )
-            cursor.execute("; ".join([*before, completion]))
+            if before:
+                # Bound on its own, then joined: psycopg caches what it makes
+                # of a statement's text by the whole text, and the releases'
+                # names differ per request, so the joined text would be
+                # parsed anew each time (and crowd its cache).
+                cursor.execute("; ".join([*before, cursor.cursor.mogrify(sql, params)]))
+            else:
+                cursor.execute(sql, params)
             if commit:
                 return True
             for _ in before:

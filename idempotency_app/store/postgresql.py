@@ -6,7 +6,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import ProgrammingError, connections, transaction
 
 from idempotency_app.store import base
 from idempotency_app.store.base import CLAIMED, Claimed, Existing, Identity, StoredResponse
@@ -29,6 +29,7 @@ CLAIM_ARGUMENTS = (
     "lease",
     "soon",
 )
+UNDEFINED_FUNCTION = "42883"
 _CLAIM_SIGNATURE = f"{CLAIM_FUNCTION}(text,text,text,text,text,float8,float8,float8,float8,boolean)"
 
 
@@ -87,7 +88,12 @@ class Backend(base.Backend):
         params = self.claim_params(identity, token, ttl, lease)
         with _preparing_cursor(connection) as cursor:
             self.adapt(cursor.cursor)
-            cursor.execute(self.claim_statement(alone), params)
+            try:
+                cursor.execute(self.claim_statement(alone), params)
+            except ProgrammingError as exc:
+                if getattr(exc.__cause__, "sqlstate", None) == UNDEFINED_FUNCTION:
+                    self.claims_by_function = None  # migrated back: ask again
+                raise
             row = cursor.fetchone()
         if row is None:
             # Lost the race to a row this statement's snapshot cannot see yet.
@@ -96,8 +102,8 @@ class Backend(base.Backend):
 
     def claim_statement(self, alone: bool) -> str:
         """The claim as the function where migration 0007 has run (asked on
-        the open connection at the first claim, and then never again), else
-        the statement itself."""
+        the open connection at the first claim, and again only after a claim
+        found the function gone), else the statement itself."""
         if self.claims_by_function is None:
             self.claims_by_function = has_claim_function(connections[self.using].connection)
         if self.claims_by_function:
@@ -125,11 +131,7 @@ class Backend(base.Backend):
         sql = self.complete_commit_sql if commit else self.complete_sql
         with connections[self.using].cursor() as cursor:
             if before:
-                # Bound on its own, then joined: psycopg caches what it makes
-                # of a statement's text by the whole text, and the releases'
-                # names differ per request, so the joined text would be
-                # parsed anew each time (and crowd its cache).
-                cursor.execute("; ".join([*before, cursor.cursor.mogrify(sql, params)]))
+                cursor.execute(*_joined(cursor.cursor, before, sql, params))
             else:
                 cursor.execute(sql, params)
             if commit:
@@ -170,6 +172,22 @@ class Backend(base.Backend):
         """The transaction's isolation level, as ``SHOW`` names it."""
         _, row = self.execute("SHOW transaction_isolation", None)
         return str(row[0])
+
+
+def _joined(
+    cursor: Any, before: Sequence[str], sql: str, params: dict[str, Any]
+) -> tuple[str, dict[str, Any] | None]:
+    """``before`` and the statement as one message, and its parameters.
+    Bound on its own, then joined: psycopg caches what it makes of a
+    statement's text by the whole text, and the releases in front name
+    other savepoints on each request, so the joined text would be parsed
+    anew each time (and crowd its cache). Where psycopg cannot read its own
+    binding back as text (a ``SQL_ASCII`` session, whose strings it still
+    sends as UTF-8), the parameters go apart, as before."""
+    try:
+        return "; ".join([*before, cursor.mogrify(sql, params)]), None
+    except UnicodeDecodeError:
+        return "; ".join([*before, sql]), params
 
 
 def sends_text(cursor: Any) -> bool:

@@ -1,0 +1,189 @@
+"""Attacks on the completion bound alone (ClientCursor.mogrify) and joined
+behind the held RELEASE SAVEPOINTs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+
+from idempotency_app.conf import conf
+from idempotency_app.models import IdempotencyRecord
+from idempotency_app.store import postgresql
+from idempotency_app.store.base import CLAIMED, Identity, StoredResponse, parse_headers
+from tests.testapp.models import Charge
+
+pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
+
+HEADERS = (
+    ("X-Odd", "%s %(status)s %% ' '' \\ \\' $$ E'\\x00' \u00e9 \U0001f600 \x00 ; COMMIT; --"),
+    ("Location", "/a?b=%20&c='d'"),
+)
+
+
+def bodies() -> list[bytes]:
+    return [
+        b"%s %(status)s %% ' \\ \x00" + bytes(range(256)),
+        b"",
+        bytes(range(256)) * (conf.MAX_BODY_BYTES // 256),
+    ]
+
+
+@pytest.fixture(params=["on", "off"], ids=["std-strings", "backslash-strings"])
+def session(request: Any) -> Iterator[str]:
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET standard_conforming_strings = {request.param}")
+    try:
+        yield request.param
+    finally:
+        connection.close()
+
+
+def _store() -> postgresql.Backend:
+    s = postgresql.Backend("default")
+    s.claims_by_function = True
+    return s
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_odd_responses_stored_exactly_behind_releases(session: str, commit: bool, key: str) -> None:
+    s = _store()
+    seen: list[tuple[Any, Any]] = []
+
+    def recorder(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
+        seen.append((sql, params))
+        return execute(sql, params, many, context)
+
+    for n, body in enumerate(bodies()):
+        identity = Identity("t'en\\ant%s", f"{key}-{n}", "op", "fp")
+        assert s.claim(identity, "tok", 60, 30) is CLAIMED
+        response = StoredResponse(201, HEADERS, body)
+        seen.clear()
+        with transaction.atomic():
+            Charge.objects.create(label=f"{key}-{n}", amount=1)
+            sids = [transaction.savepoint(), transaction.savepoint()]
+            before = [f'RELEASE SAVEPOINT "{sid}"' for sid in reversed(sids)]
+            with connection.execute_wrapper(recorder):
+                assert s.complete(identity, "tok", response, 60, commit=commit, before=before)
+        assert len(seen) == 1 and seen[0][1] is None, seen
+        assert seen[0][0].startswith("RELEASE SAVEPOINT"), seen
+        row = IdempotencyRecord.objects.get(key=identity.key)
+        assert row.status == "completed"
+        assert bytes(row.response_body) == body
+        assert parse_headers(row.response_headers) == HEADERS
+        assert Charge.objects.filter(label=f"{key}-{n}").count() == 1
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_a_lost_claim_behind_releases_rolls_the_work_back(
+    session: str, commit: bool, key: str
+) -> None:
+    s = _store()
+    identity = Identity("tenant", key, "op", "fp")
+    assert s.claim(identity, "tok", 60, 30) is CLAIMED
+    response = StoredResponse(201, HEADERS, b"%s body")
+    with pytest.raises(DatabaseError) if commit else _no_error(), transaction.atomic():
+        Charge.objects.create(label=key, amount=1)
+        sid = transaction.savepoint()
+        ok = s.complete(
+            identity,
+            "not-ours",
+            response,
+            60,
+            commit=commit,
+            before=[f'RELEASE SAVEPOINT "{sid}"'],
+        )
+        assert ok is False
+        transaction.set_rollback(True)
+    assert not Charge.objects.filter(label=key).exists()
+    assert IdempotencyRecord.objects.get(key=key).status == "in_progress"
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_a_refused_release_fails_the_work(session: str, commit: bool, key: str) -> None:
+    s = _store()
+    identity = Identity("tenant", key, "op", "fp")
+    assert s.claim(identity, "tok", 60, 30) is CLAIMED
+    response = StoredResponse(201, HEADERS, b"body")
+    with pytest.raises(DatabaseError), transaction.atomic():
+        Charge.objects.create(label=key, amount=1)
+        sid = transaction.savepoint()
+        s.complete(
+            identity,
+            "tok",
+            response,
+            60,
+            commit=commit,
+            before=[f'RELEASE SAVEPOINT "{sid}"', f'RELEASE SAVEPOINT "{sid}"'],
+        )
+    assert not Charge.objects.filter(label=key).exists()
+    assert IdempotencyRecord.objects.get(key=key).status == "in_progress"
+
+
+def test_a_latin1_session_completes_behind_releases(key: str) -> None:
+    s = _store()
+    identity = Identity("tenant-\u00e9\u00fc", key, "op-\u00e9", "fp")
+    connection.ensure_connection()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET client_encoding TO 'LATIN1'")
+        assert s.claim(identity, "tok", 60, 30) is CLAIMED
+        response = StoredResponse(201, HEADERS, b"%s \xe9")
+        with transaction.atomic():
+            sid = transaction.savepoint()
+            assert s.complete(
+                identity, "tok", response, 60, commit=True, before=[f'RELEASE SAVEPOINT "{sid}"']
+            )
+        found = s.claim(identity, "u", 60, 30)
+        assert found.response == response  # type: ignore[union-attr]
+    finally:
+        connection.close()
+    row = IdempotencyRecord.objects.get(key=key)
+    assert row.scope == identity.scope and row.status == "completed"
+
+
+class _no_error:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+
+def test_a_sql_ascii_session_completes_behind_releases_as_without(key: str) -> None:
+    """psycopg sends str as UTF-8 where client_encoding is SQL_ASCII (no
+    conversion: the bytes reach the UTF8 database as they are). Executed
+    with its parameters, the completion stores a non-ASCII scope's record;
+    bound alone by mogrify(), which decodes the bound query as ASCII, the
+    same completion behind a release raises UnicodeDecodeError (not even a
+    DatabaseError), so the request fails and its work rolls back, on every
+    retry of the key."""
+    s = _store()
+    response = StoredResponse(201, (("X-A", "b"),), b"body")
+    connection.ensure_connection()
+    errors: dict[bool, Any] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET client_encoding TO 'SQL_ASCII'")
+        for n, with_release in enumerate([False, True]):
+            identity = Identity("tenant-\u00e9", f"{key}-{n}", "op", "fp")
+            assert s.claim(identity, "tok", 60, 30) is CLAIMED
+            try:
+                with transaction.atomic():
+                    Charge.objects.create(label=f"{key}-{n}", amount=1)
+                    sid = transaction.savepoint()
+                    if not with_release:
+                        transaction.savepoint_commit(sid)
+                    before = [f'RELEASE SAVEPOINT "{sid}"'] if with_release else []
+                    assert s.complete(identity, "tok", response, 60, commit=True, before=before)
+                errors[with_release] = None
+            except Exception as exc:
+                errors[with_release] = repr(exc)
+    finally:
+        connection.close()
+    assert errors == {False: None, True: None}, errors
+    done = IdempotencyRecord.objects.filter(key__startswith=key, status="completed")
+    assert sorted(r.key for r in done) == [f"{key}-0", f"{key}-1"]

@@ -242,11 +242,13 @@ def _preparing_cursor(connection: Any) -> Any:
 
 def has_claim_function(raw: Any) -> bool | None:
     """Whether the claim function exists where the connection looks for it
-    (None: not known yet, ask again). Asked once per process and alias,
-    through libpq's own call: outside psycopg's transaction handling (it
+    (None: not known yet, ask again). Asked once per process and alias
+    (again after a claim found it gone), through libpq's own call: outside psycopg's transaction handling (it
     opens no transaction), and unseen by the query log, so that the first
     request a process serves counts the statements every other one does.
     psycopg2 sends the statement itself."""
+    if raw is None:
+        return None  # not connected yet
     pgconn = getattr(raw, "pgconn", None)
     if pgconn is None:
         return False

@@ -136,3 +136,15 @@ def test_a_lookup_that_cannot_run_is_asked_again(key: str) -> None:
         assert store.claims_by_function is None
     assert store.claim(Identity("tenant", key, "op", "fp"), "token", 60, 30) is CLAIMED
     assert store.claims_by_function is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_store_asked_before_connecting_asks_again() -> None:
+    """Asked with no connection open yet, the store cannot know: it sends
+    the statement that once and asks when connected."""
+    store = postgresql.Backend("default")
+    connection.close()
+    assert store.claim_statement(True) == store.claim_alone_sql
+    assert store.claims_by_function is None
+    connection.ensure_connection()
+    assert store.claim_statement(True) == store.claim_calls[True]

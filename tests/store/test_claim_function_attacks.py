@@ -227,23 +227,6 @@ def test_lapsed_and_expired_records_are_taken_over(key: str) -> None:
     assert backend("default").claims_by_function is True
 
 
-def _sync_commit_in_new_thread(body: Any) -> list[Any]:
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(body())
-        except Exception as exc:
-            out.append(exc)
-        finally:
-            connections.close_all()
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(30)
-    return out
-
-
 def _show() -> str:
     with connection.cursor() as cursor:
         cursor.execute("SHOW synchronous_commit")
@@ -260,7 +243,7 @@ def test_a_first_claim_inside_atomic_leaves_the_commit_synchronous(key: str) -> 
             assert s.claim(Identity("tenant", key, "op", "fp"), "t", 60, 30) is CLAIMED
             return _show()
 
-    assert _sync_commit_in_new_thread(body) == ["on"]
+    assert in_threads(1, body) == ["on"]
 
 
 def test_settings_autocommit_off_keeps_the_commit_synchronous(key: str) -> None:
@@ -275,7 +258,7 @@ def test_settings_autocommit_off_keeps_the_commit_synchronous(key: str) -> None:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(connection.settings_dict, "AUTOCOMMIT", False)
-        assert _sync_commit_in_new_thread(body) == ["on"]
+        assert in_threads(1, body) == ["on"]
 
 
 def test_a_claim_alone_leaves_the_session_synchronous(key: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +15,8 @@ from idempotency_app.store.base import CLAIMED, Claimed, Existing, Identity, Sto
 # What the completion sent with its COMMIT fails with when it matches no row:
 # the failure skips the COMMIT, so the work rolls back.
 CLAIM_LOST = "idempotency_app: the claim was taken over, rolling the work back"
+
+logger = logging.getLogger("idempotency_app")
 
 # The claim statement as a PL/pgSQL function (migration 0007), and the
 # parameters it takes in order, before whether it runs alone.
@@ -29,7 +32,8 @@ CLAIM_ARGUMENTS = (
     "lease",
     "soon",
 )
-UNDEFINED_FUNCTION = "42883"
+# What a call of a function that is gone or not ours to call fails with.
+UNCALLABLE = frozenset({"42883", "42501"})  # undefined_function, insufficient_privilege
 _CLAIM_SIGNATURE = f"{CLAIM_FUNCTION}(text,text,text,text,text,float8,float8,float8,float8,boolean)"
 
 
@@ -88,22 +92,42 @@ class Backend(base.Backend):
         params = self.claim_params(identity, token, ttl, lease)
         with _preparing_cursor(connection) as cursor:
             self.adapt(cursor.cursor)
+            sql = self.claim_statement(alone)
             try:
-                cursor.execute(self.claim_statement(alone), params)
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
             except ProgrammingError as exc:
-                if getattr(exc.__cause__, "sqlstate", None) == UNDEFINED_FUNCTION:
-                    self.claims_by_function = None  # migrated back: ask again
-                raise
-            row = cursor.fetchone()
+                if sql != self.claim_calls[alone] or not _cannot_call(exc):
+                    raise
+                self._give_up_the_function(exc)
+                if not alone or connection.connection.pgconn.pipeline_status:
+                    raise  # the failed call spoiled the caller's transaction
+                # The call failed before the function ran, in a transaction
+                # of its own: nothing to undo.
+                cursor.execute(self.claim_alone_sql, params)
+                row = cursor.fetchone()
         if row is None:
             # Lost the race to a row this statement's snapshot cannot see yet.
             return self.fetch(identity)
         return CLAIMED if row[0] is None else base.existing(row)
 
+    def _give_up_the_function(self, exc: Exception) -> None:
+        """The function is gone, or this session cannot call it (a migration
+        back to 0006, ``EXECUTE`` revoked, a ``search_path`` without it):
+        the statement, for the life of the process."""
+        self.claims_by_function = False
+        logger.warning(
+            "idempotency_app: cannot call %s on database %r (%s); claims send the statement "
+            "itself from now on. Run migrate, and grant EXECUTE on it where the table is.",
+            CLAIM_FUNCTION,
+            self.using,
+            exc,
+        )
+
     def claim_statement(self, alone: bool) -> str:
-        """The claim as the function where migration 0007 has run (asked on
-        the open connection at the first claim, and again only after a claim
-        found the function gone), else the statement itself."""
+        """The claim as the function where migration 0007 has run and this
+        session may call it (asked on the open connection at the first
+        claim, then never again), else the statement itself."""
         if self.claims_by_function is None:
             self.claims_by_function = has_claim_function(connections[self.using].connection)
         if self.claims_by_function:
@@ -174,6 +198,10 @@ class Backend(base.Backend):
         return str(row[0])
 
 
+def _cannot_call(exc: Exception) -> bool:
+    return getattr(exc.__cause__, "sqlstate", None) in UNCALLABLE
+
+
 def _joined(
     cursor: Any, before: Sequence[str], sql: str, params: dict[str, Any]
 ) -> tuple[str, dict[str, Any] | None]:
@@ -241,9 +269,9 @@ def _preparing_cursor(connection: Any) -> Any:
 
 
 def has_claim_function(raw: Any) -> bool | None:
-    """Whether the claim function exists where the connection looks for it
-    (None: not known yet, ask again). Asked once per process and alias
-    (again after a claim found it gone), through libpq's own call: outside psycopg's transaction handling (it
+    """Whether the claim function exists where the connection looks for it,
+    and the session may call it (None: not known yet, ask again). Asked once
+    per process and alias, through libpq's own call: outside psycopg's transaction handling (it
     opens no transaction), and unseen by the query log, so that the first
     request a process serves counts the statements every other one does.
     psycopg2 sends the statement itself."""
@@ -257,7 +285,10 @@ def has_claim_function(raw: Any) -> bool | None:
     idle = (pq.TransactionStatus.IDLE, pq.TransactionStatus.INTRANS)
     if pgconn.pipeline_status or pgconn.transaction_status not in idle:
         return None
-    result = pgconn.exec_(f"SELECT to_regprocedure('{_CLAIM_SIGNATURE}') IS NOT NULL".encode())
+    result = pgconn.exec_(
+        f"SELECT coalesce(has_function_privilege(to_regprocedure('{_CLAIM_SIGNATURE}'), "
+        "'EXECUTE'), false)".encode()
+    )
     if result.status != pq.ExecStatus.TUPLES_OK:
         return None
     return bool(result.get_value(0, 0) == b"t")

@@ -9,6 +9,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import Permission, User
 from django.core.cache import caches
+from django.db import connections
 from django.test import Client
 from django.test.utils import override_settings
 from rest_framework.test import APIClient
@@ -169,3 +170,27 @@ def charge_labels() -> list[str]:
 def post(client: APIClient, url: str, data: Any, key: str | None, **extra: Any) -> Any:
     headers = {} if key is None else {"HTTP_IDEMPOTENCY_KEY": key}
     return client.post(url, data, format="json", **headers, **extra)
+
+
+def session_id() -> int:
+    """The server session behind the default connection."""
+    with connections["default"].cursor() as cursor:
+        if connections["default"].vendor == "postgresql":
+            cursor.execute("SELECT pg_backend_pid()")
+        else:
+            cursor.execute("SELECT CONNECTION_ID()")
+        return int(cursor.fetchone()[0])
+
+
+def end_session(session: int) -> None:
+    """End a server session from another connection, as a database restart
+    does to every open connection."""
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            if other.vendor == "postgresql":
+                cursor.execute("SELECT pg_terminate_backend(%s)", [session])
+            else:
+                cursor.execute(f"KILL {int(session)}")
+    finally:
+        other.close()

@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import OperationalError, connection, connections
+from django.db import OperationalError, connection
 from django.utils import timezone
 
 from idempotency_app import clock, store
@@ -17,6 +17,7 @@ from idempotency_app.lifecycle import units
 from idempotency_app.lifecycle.claims import Claim, Policy, Replay, claim
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import Identity, StoredResponse
+from tests.conftest import end_session, session_id
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -150,31 +151,10 @@ def test_a_database_that_refuses_connections_is_store_unavailable(
     assert isinstance(claim(IDENTITY, POLICY), Claim), "back once it is reachable"
 
 
-def _kill_from_outside() -> None:
-    """End our connection's server session from another connection, as a
-    database restart does to every open connection."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_backend_pid()"
-            if connection.vendor == "postgresql"
-            else "SELECT CONNECTION_ID()"
-        )
-        session = cursor.fetchone()[0]
-    other = connections.create_connection("default")
-    try:
-        with other.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute("SELECT pg_terminate_backend(%s)", [session])
-            else:
-                cursor.execute(f"KILL {int(session)}")
-    finally:
-        other.close()
-
-
 def test_a_connection_broken_since_its_last_use_is_replaced_once() -> None:
     if connection.vendor == "sqlite":
         pytest.skip("needs a database server that can end a session")
-    _kill_from_outside()
+    end_session(session_id())
     assert isinstance(claim(IDENTITY, POLICY), Claim)
 
 

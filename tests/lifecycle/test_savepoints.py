@@ -18,14 +18,13 @@ from django.db import (
     IntegrityError,
     OperationalError,
     connection,
-    connections,
     transaction,
 )
 
 from idempotency_app import service
 from idempotency_app.exceptions import WorkRolledBack
 from idempotency_app.models import IdempotencyRecord
-from tests.conftest import charge_labels as labels
+from tests.conftest import charge_labels as labels, end_session, session_id
 from tests.store.test_round_trips import round_trips
 from tests.testapp.models import Charge, Tag
 
@@ -116,17 +115,10 @@ def test_a_session_lost_before_the_first_block_is_an_outage(key: str) -> None:
     bare database error."""
     from idempotency_app.exceptions import StoreUnavailable
 
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        session = cursor.fetchone()[0]
+    session = session_id()
 
     def work() -> str:
-        other = connections.create_connection("default")
-        try:
-            with other.cursor() as cursor:
-                cursor.execute("SELECT pg_terminate_backend(%s)", [session])
-        finally:
-            other.close()
+        end_session(session)
         with transaction.atomic():
             Charge.objects.create(label="never")
         return "done"

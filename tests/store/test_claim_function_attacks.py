@@ -19,6 +19,7 @@ from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import backend, postgresql
 from idempotency_app.store.base import CLAIMED, Existing, Identity, StoredResponse
 from tests.concurrency import in_threads
+from tests.conftest import end_session
 
 pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
 
@@ -310,15 +311,6 @@ def test_a_session_switching_search_path_claims_in_each_schema(
         assert cursor.fetchone() == (8,)
 
 
-def _terminate(pid: int) -> None:
-    side = connections.create_connection("default")
-    try:
-        with side.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-    finally:
-        side.close()
-
-
 @pytest.mark.parametrize("prepare", [None, 0], ids=["text", "prepared"])
 @pytest.mark.parametrize("noticed", [False, True], ids=["unnoticed", "already-failed"])
 def test_a_broken_connection_at_the_first_claim_is_replaced(
@@ -333,7 +325,7 @@ def test_a_broken_connection_at_the_first_claim_is_replaced(
         connection.close()
         try:
             connection.ensure_connection()
-            _terminate(connection.connection.info.backend_pid)
+            end_session(connection.connection.info.backend_pid)
             time.sleep(0.2)
             if noticed:
                 with pytest.raises(DatabaseError), connection.cursor() as cursor:

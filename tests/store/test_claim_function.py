@@ -8,7 +8,6 @@ statement itself.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 
 import pytest
@@ -17,10 +16,9 @@ from django.db import connection, transaction
 
 from idempotency_app.store import postgresql
 from idempotency_app.store.base import CLAIMED, Existing, Identity
+from tests.store.conftest import MIGRATION
 
 pytestmark = pytest.mark.postgresql
-
-MIGRATION = importlib.import_module("idempotency_app.migrations.0007_claim_function")
 
 
 def _compact(sql: str) -> str:

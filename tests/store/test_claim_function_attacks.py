@@ -4,14 +4,12 @@ what a claim decides."""
 
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.apps import apps
 from django.db import DatabaseError, connection, connections, transaction
 
 from idempotency_app import clock, service
@@ -23,7 +21,6 @@ from tests.conftest import end_session
 
 pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
 
-MIGRATION = importlib.import_module("idempotency_app.migrations.0007_claim_function")
 FORMS = ["function", "statement"]
 
 
@@ -338,24 +335,16 @@ def test_a_broken_connection_at_the_first_claim_is_replaced(
             connection.close()
 
 
-def test_the_function_dropped_under_a_running_process_heals(key: str) -> None:
+def test_the_function_dropped_under_a_running_process_heals(
+    function_dropped: postgresql.Backend, key: str
+) -> None:
     """A migration back to 0006 under a running process: a claim alone
     meets the missing function in a transaction of its own, which nothing
     else shared, so it claims with the statement at once; the process sends
     the statement from then on."""
-    store_ = backend("default")
-    store_.claim_statement(True)
-    assert store_.claims_by_function is True
-    with connection.schema_editor() as editor:
-        MIGRATION._drop(apps, editor)
-    try:
-        assert isinstance(service.claim("attack:drop", key, "op"), service.Held)
-        assert store_.claims_by_function is False
-        assert IdempotencyRecord.objects.filter(key=key).count() == 1
-    finally:
-        with connection.schema_editor() as editor:
-            MIGRATION._create(apps, editor)
-        store_.claims_by_function = None  # the rest of the run claims through it again
+    assert isinstance(service.claim("attack:drop", key, "op"), service.Held)
+    assert function_dropped.claims_by_function is False
+    assert IdempotencyRecord.objects.filter(key=key).count() == 1
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])

@@ -5,7 +5,6 @@ search_path without it, pipeline mode, a caller's transaction)."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,11 +17,11 @@ from idempotency_app.exceptions import StoreUnavailable
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import backend, postgresql
 from idempotency_app.store.base import CLAIMED, Existing, Identity, StoredResponse, parse_headers
+from tests.store.conftest import MIGRATION, complete_in_a_block
 from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
 
-MIGRATION = importlib.import_module("idempotency_app.migrations.0007_claim_function")
 SIG = "idempotency_claim_v1(text,text,text,text,text,float8,float8,float8,float8,boolean)"
 
 
@@ -131,16 +130,13 @@ def test_sql_ascii_fallback_with_non_ascii_body_headers_and_std_off(commit: bool
 # --- 2. the fallback to the statement ----------------------------------------
 
 
-def test_drop_inside_a_caller_transaction_fails_once(restore_function: None, key: str) -> None:
+def test_drop_inside_a_caller_transaction_fails_once(
+    function_dropped: postgresql.Backend, key: str
+) -> None:
     """42883 inside transaction.atomic(): the claim fails as an outage (the
     failed call spoiled the caller's transaction), the transaction is marked
     for rollback, and every later claim sends the statement."""
-    store_ = backend("default")
-    connection.ensure_connection()
-    store_.claim_statement(True)
-    assert store_.claims_by_function is True
-    with connection.schema_editor() as editor:
-        MIGRATION._drop(apps, editor)
+    store_ = function_dropped
     with pytest.raises(StoreUnavailable), transaction.atomic():
         Charge.objects.create(label=key, amount=1)
         try:
@@ -298,7 +294,9 @@ def test_has_claim_function_none_before_connecting(key: str) -> None:
     assert s.claims_by_function is True
 
 
-def test_threads_racing_through_the_reset_one_key(restore_function: None, key: str) -> None:
+def test_threads_racing_through_the_reset_one_key(
+    function_dropped: postgresql.Backend, key: str
+) -> None:
     """The function dropped while the shared backend says True: 10 threads
     claim one key at once (each may hit 42883 and reset while others ask
     again). Never two winners; any thread that failed claims again fine."""
@@ -306,12 +304,7 @@ def test_threads_racing_through_the_reset_one_key(restore_function: None, key: s
 
     from tests.concurrency import in_threads
 
-    store_ = backend("default")
-    connection.ensure_connection()
-    store_.claim_statement(True)
-    assert store_.claims_by_function is True
-    with connection.schema_editor() as editor:
-        MIGRATION._drop(apps, editor)
+    store_ = function_dropped
     connection.close()
     identity = Identity("tenant", key, "op", "fp")
     lock = threading.Lock()
@@ -408,13 +401,7 @@ def test_behind_releases_fails_only_where_without_fails(encoding: str, key: str)
             identity = Identity("tenant", f"{key}-{n}", "op", "fp")
             try:
                 assert s.claim(identity, "tok", 60, 30) is CLAIMED
-                with transaction.atomic():
-                    Charge.objects.create(label=f"{key}-{n}", amount=1)
-                    sid = transaction.savepoint()
-                    if not with_release:
-                        transaction.savepoint_commit(sid)
-                    before = [f'RELEASE SAVEPOINT "{sid}"'] if with_release else []
-                    s.complete(identity, "tok", response, 60, commit=True, before=before)
+                complete_in_a_block(s, identity, response, with_release)
                 row = IdempotencyRecord.objects.get(key=identity.key)
                 outcomes[with_release] = (row.status, parse_headers(row.response_headers))
             except Exception as exc:
@@ -429,17 +416,13 @@ def test_behind_releases_fails_only_where_without_fails(encoding: str, key: str)
 
 
 def test_reset_in_a_savepoint_then_claim_in_the_outer_transaction(
-    restore_function: None, key: str
+    function_dropped: postgresql.Backend, key: str
 ) -> None:
     """A nested decorated call fails with 42883 inside its own savepoint; the
     caller catches it and claims another key in the same (healthy, INTRANS)
     transaction: the lookup runs inside the caller's transaction and must
     neither spoil it nor stop the outer work from committing once."""
-    store_ = backend("default")
-    connection.ensure_connection()
-    store_.claim_statement(True)
-    with connection.schema_editor() as editor:
-        MIGRATION._drop(apps, editor)
+    store_ = function_dropped
     with transaction.atomic():
         Charge.objects.create(label=key, amount=1)
         with pytest.raises(StoreUnavailable), transaction.atomic():

@@ -13,6 +13,7 @@ from idempotency_app.conf import conf
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import postgresql
 from idempotency_app.store.base import CLAIMED, Identity, StoredResponse, parse_headers
+from tests.store.conftest import complete_in_a_block
 from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
@@ -172,13 +173,7 @@ def test_a_sql_ascii_session_completes_behind_releases_as_without(key: str) -> N
             identity = Identity("tenant-\u00e9", f"{key}-{n}", "op", "fp")
             assert s.claim(identity, "tok", 60, 30) is CLAIMED
             try:
-                with transaction.atomic():
-                    Charge.objects.create(label=f"{key}-{n}", amount=1)
-                    sid = transaction.savepoint()
-                    if not with_release:
-                        transaction.savepoint_commit(sid)
-                    before = [f'RELEASE SAVEPOINT "{sid}"'] if with_release else []
-                    assert s.complete(identity, "tok", response, 60, commit=True, before=before)
+                assert complete_in_a_block(s, identity, response, with_release)
                 errors[with_release] = None
             except Exception as exc:
                 errors[with_release] = repr(exc)

@@ -1,0 +1,58 @@
+"""What the PostgreSQL store's attack modules share: the claim function
+taken away under a running process, and a completion with or without a
+release in front of it."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+
+import pytest
+from django.apps import apps
+from django.db import connection, transaction
+
+from idempotency_app.store import backend, postgresql
+from idempotency_app.store.base import Identity, StoredResponse
+from tests.testapp.models import Charge
+
+MIGRATION = importlib.import_module("idempotency_app.migrations.0007_claim_function")
+
+
+@pytest.fixture
+def function_dropped() -> Iterator[postgresql.Backend]:
+    """The process's store, already claiming through the function, with the
+    function then dropped (a migration back to 0006); created again
+    afterwards by the migration itself, and asked for again."""
+    store_ = backend("default")
+    connection.ensure_connection()
+    store_.claim_statement(True)
+    assert store_.claims_by_function is True
+    with connection.schema_editor() as editor:
+        MIGRATION._drop(apps, editor)
+    try:
+        yield store_
+    finally:
+        connection.close()
+        with connection.schema_editor() as editor:
+            MIGRATION._create(apps, editor)
+        store_.claims_by_function = None  # the rest of the run claims through it again
+        connection.close()
+
+
+def complete_in_a_block(
+    store: postgresql.Backend,
+    identity: Identity,
+    response: StoredResponse,
+    with_release: bool,
+    commit: bool = True,
+) -> bool:
+    """Complete ``identity`` (claimed with token "tok") after a write in an
+    atomic block, whose inner savepoint's RELEASE goes in front of the
+    completion, or was sent already."""
+    with transaction.atomic():
+        Charge.objects.create(label=identity.key, amount=1)
+        sid = transaction.savepoint()
+        if not with_release:
+            transaction.savepoint_commit(sid)
+        before = [f'RELEASE SAVEPOINT "{sid}"'] if with_release else []
+        return store.complete(identity, "tok", response, 60, commit=commit, before=before)

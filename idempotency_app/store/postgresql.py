@@ -97,14 +97,15 @@ class Backend(base.Backend):
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
             except ProgrammingError as exc:
-                if sql != self.claim_calls[alone] or not _cannot_call(exc):
+                code = getattr(exc.__cause__, "sqlstate", None)
+                if sql != self.claim_calls[alone] or code not in UNCALLABLE:
                     raise
                 self._give_up_the_function(exc)
                 if not alone or connection.connection.pgconn.pipeline_status:
                     raise  # the failed call spoiled the caller's transaction
                 # The call failed before the function ran, in a transaction
                 # of its own: nothing to undo.
-                cursor.execute(self.claim_alone_sql, params)
+                cursor.execute(self.claim_statement(alone), params)
                 row = cursor.fetchone()
         if row is None:
             # Lost the race to a row this statement's snapshot cannot see yet.
@@ -198,10 +199,6 @@ class Backend(base.Backend):
         return str(row[0])
 
 
-def _cannot_call(exc: Exception) -> bool:
-    return getattr(exc.__cause__, "sqlstate", None) in UNCALLABLE
-
-
 def _joined(
     cursor: Any, before: Sequence[str], sql: str, params: dict[str, Any]
 ) -> tuple[str, dict[str, Any] | None]:
@@ -271,10 +268,10 @@ def _preparing_cursor(connection: Any) -> Any:
 def has_claim_function(raw: Any) -> bool | None:
     """Whether the claim function exists where the connection looks for it,
     and the session may call it (None: not known yet, ask again). Asked once
-    per process and alias, through libpq's own call: outside psycopg's transaction handling (it
-    opens no transaction), and unseen by the query log, so that the first
-    request a process serves counts the statements every other one does.
-    psycopg2 sends the statement itself."""
+    per process and alias, through libpq's own call: outside psycopg's
+    transaction handling (it opens no transaction), and unseen by the query
+    log, so that the first request a process serves counts the statements
+    every other one does. psycopg2 sends the statement itself."""
     if raw is None:
         return None  # not connected yet
     pgconn = getattr(raw, "pgconn", None)

@@ -1,7 +1,14 @@
-"""The ``IDEMPOTENCY`` settings dict, read on every access.
+"""The ``IDEMPOTENCY`` settings dict, read through ``conf``.
 
-Nothing is cached and nothing is written back onto ``django.conf.settings``,
-so ``override_settings(IDEMPOTENCY={...})`` takes effect at once in tests.
+The dict is looked up on ``django.conf.settings`` once, and again after
+Django's ``setting_changed`` names it (``override_settings``, pytest-django's
+``settings`` fixture), so ``override_settings(IDEMPOTENCY={...})`` takes
+effect at once in tests; keys are read from it on every access, so a change
+made to the dict in place is seen too. A change that Django does not
+signal (assigning ``django.conf.settings.IDEMPOTENCY`` at run time, which
+Django rules out, or pytest-django's ``del settings.IDEMPOTENCY``) is seen
+at the next one that it does. Nothing is written back onto
+``django.conf.settings``.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 DEFAULTS: dict[str, Any] = {
@@ -125,13 +133,24 @@ def policy_problems(ttl: float, lease: float, wait: float) -> list[str]:
 class Settings:
     """Typed view of ``settings.IDEMPOTENCY``; every key is optional."""
 
+    # The dict itself, until setting_changed names it: a request reads the
+    # settings about 17 times, and Django's lazy settings object costs more
+    # than the dict lookup.
+    _user_settings: dict[str, Any] | None = None
+
     @property
     def user_settings(self) -> dict[str, Any]:
-        value = getattr(settings, "IDEMPOTENCY", None)
-        return value if isinstance(value, dict) else {}
+        user = self._user_settings
+        if user is None:
+            value = getattr(settings, "IDEMPOTENCY", None)
+            user = self._user_settings = value if isinstance(value, dict) else {}
+        return user
 
     def _get(self, name: str) -> Any:
-        return self.user_settings.get(name, DEFAULTS[name])
+        user = self._user_settings
+        if user is None:
+            user = self.user_settings
+        return user.get(name, DEFAULTS[name])
 
     @property
     def ENABLED(self) -> bool:
@@ -244,3 +263,11 @@ def _stored_headers(extra: tuple[str, ...]) -> frozenset[str]:
 
 
 conf = Settings()
+
+
+def _reread(setting: str, **kwargs: Any) -> None:
+    if setting == "IDEMPOTENCY":
+        conf._user_settings = None
+
+
+setting_changed.connect(_reread, dispatch_uid="idempotency_app.conf")

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
+from django.conf import settings as django_settings
 from django.test.utils import override_settings
 
 from idempotency_app.conf import conf
@@ -19,6 +21,27 @@ def test_read_on_every_access() -> None:
         assert conf.TTL == 3600
         assert {"POST", "PUT"} == conf.METHODS
     assert conf.TTL == 24 * 3600
+
+
+def test_the_dict_is_looked_up_again_whenever_django_says_it_changed(settings: Any) -> None:
+    """The dict is kept between requests: each way a test or a project
+    changes it must still be seen at once."""
+    assert conf.LEASE == 60  # the dict (or its absence) is now held
+    settings.IDEMPOTENCY = {"LEASE": 90}  # pytest-django's fixture
+    assert conf.LEASE == 90
+    settings.IDEMPOTENCY["LEASE"] = 120  # changed in place
+    assert conf.LEASE == 120
+    with override_settings(IDEMPOTENCY={"LEASE": 30}):
+        assert conf.LEASE == 30
+        with override_settings(IDEMPOTENCY="not a dict"):
+            assert conf.LEASE == 60
+    assert conf.LEASE == 120
+
+
+def test_another_settings_change_keeps_the_dict() -> None:
+    held = conf.user_settings
+    with override_settings(USE_TZ=django_settings.USE_TZ):
+        assert conf.user_settings is held
 
 
 def test_never_stored_headers_cannot_be_added() -> None:

@@ -60,7 +60,9 @@ def idempotent(
         @functools.wraps(handler)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             view, request = _locate(args)
-            if not options.covers(request.method or "", DECORATOR_METHODS):
+            # The Django request's own attributes: DRF's Request finds them
+            # only after its own lookup has failed.
+            if not options.covers(request._request.method or "", DECORATOR_METHODS):
                 return handler(*args, **kwargs)
             return handling.handle(view, request, lambda: handler(*args, **kwargs), options)
 

@@ -68,7 +68,7 @@ TRANSIENT_CLIENT_ERRORS = frozenset({400, 415})
 def identify(request: Request, options: Options) -> Identity | None:
     """The request's identity, or None to run it without idempotency."""
     try:
-        key = keys.parse_key(request.headers.get(conf.HEADER))
+        key = keys.parse_key(keys.http_request(request).headers.get(conf.HEADER))
     except InvalidKey as exc:
         raise IdempotencyKeyInvalid(
             f"{exc} Send a new key: 1 to 255 printable ASCII characters, such as a UUID."
@@ -115,7 +115,7 @@ def _handle(
     if units.running(identity, conf.DATABASE_ALIAS) is not None:
         return call()  # a handler called by a handler of the same request: one execution
     policy = Policy.from_settings(options.ttl, options.lease, options.wait)
-    accept = request.META.get("HTTP_ACCEPT", "")
+    accept = keys.http_request(request).META.get("HTTP_ACCEPT", "")
     try:
         result = units.run(
             identity,

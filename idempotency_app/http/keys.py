@@ -120,7 +120,9 @@ def _unidentified(user: Any) -> IdempotencyScopeMissing:
     )
 
 
-def _django_request(request: Any) -> HttpRequest:
+def http_request(request: Any) -> HttpRequest:
+    """Django's request under DRF's: its attributes read there directly,
+    where DRF's ``Request`` finds them only after its own lookup failed."""
     django_request: HttpRequest = getattr(request, "_request", request)
     return django_request
 
@@ -130,16 +132,17 @@ def operation(request: Any) -> str:
     root's route is empty, and stays so). Without a resolved route, the path;
     too long for the column, its hash: never a truncation, which could make
     two operations one."""
-    match = getattr(_django_request(request), "resolver_match", None)
-    route = (match.route or "") if match is not None else request.path_info
-    return bounded(f"{request.method} {route}")
+    django_request = http_request(request)
+    match = getattr(django_request, "resolver_match", None)
+    route = (match.route or "") if match is not None else django_request.path_info
+    return bounded(f"{django_request.method} {route}")
 
 
 def content_type(request: Any) -> str:
     """The body's media type and charset, lowercased: the same bytes sent as
     another type, or decoded with another charset, are another request.
     Other parameters (a multipart boundary) do not count."""
-    raw = _django_request(request).META.get("CONTENT_TYPE", "")
+    raw = http_request(request).META.get("CONTENT_TYPE", "")
     media_type, params = parse_header_parameters(raw)
     charset = params.get("charset", "").strip().lower()
     return f"{media_type.lower()}; charset={charset}" if charset else media_type.lower()
@@ -157,7 +160,7 @@ def request_body(request: Any) -> tuple[bytes, bytes]:
     ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (a file upload, a large JSON document)
     is hashed as it streams and put back for the parsers: reading ``body``
     would refuse it, although DRF's parsers accept it without a key."""
-    django_request = _django_request(request)
+    django_request = http_request(request)
     content_type = django_request.META.get("CONTENT_TYPE", "")
     if content_type.lower().startswith("multipart/") and hasattr(request, "POST"):
         return MULTIPART, _multipart_description(request)
@@ -259,7 +262,7 @@ def canonical_body(request: Any, body: bytes) -> bytes:
     is_json = content_type == "application/json" or content_type.endswith("+json")
     if not is_json or not body or len(body) > CANONICAL_JSON_MAX_BYTES:
         return body
-    charset = _django_request(request).encoding or settings.DEFAULT_CHARSET
+    charset = http_request(request).encoding or settings.DEFAULT_CHARSET
     try:
         text = body.decode(charset)
         data = json.loads(
@@ -300,7 +303,7 @@ def _refuse(constant: str) -> Any:
 
 def fingerprint(request: Any) -> str:
     """SHA-256 over what the request asks for, each part length-framed."""
-    django_request = _django_request(request)
+    django_request = http_request(request)
     match = getattr(django_request, "resolver_match", None)
     url_args = [list(match.args), sorted(match.kwargs.items())] if match else []
     form, body = request_body(request)
@@ -327,7 +330,7 @@ def identity_fingerprint(request: Any, fingerprint: str) -> str:
     sent, its ``Content-Disposition`` (the file name a ``FileUploadParser``
     view reads), so that no ``FINGERPRINT`` can leave them out."""
     parts = [content_type(request), fingerprint]
-    disposition = _django_request(request).META.get("HTTP_CONTENT_DISPOSITION")
+    disposition = http_request(request).META.get("HTTP_CONTENT_DISPOSITION")
     if disposition:
         parts.append(disposition)
     digest = hashlib.sha256()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from idempotency_app import clock
 from idempotency_app.conf import MAX_REPLAY_CACHE
@@ -234,10 +235,10 @@ class Backend:
         self, sql: str, params: Mapping[str, Any] | None, connection: Any = None
     ) -> tuple[int, Any]:
         """The rows the statement touched, and its first row if it returns any."""
-        with (connection or connections[self.using]).cursor() as cursor:
-            self.adapt(cursor.cursor)
-            cursor.execute(sql, params)
-            return cursor.rowcount, cursor.fetchone() if cursor.description else None
+        cursor = statement_cursor(connection or connections[self.using])
+        self.adapt(cursor.cursor)
+        cursor.execute(sql, params)
+        return cursor.rowcount, cursor.fetchone() if cursor.description else None
 
     def adapt(self, cursor: Any) -> None:
         """Ready the driver's ``cursor`` for the store's statements."""
@@ -367,9 +368,9 @@ class Backend:
             f"SELECT {self.quote('id')} FROM {self.table} WHERE {condition} "
             f"ORDER BY {self.quote('id')} LIMIT {int(size)}"
         )
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(sql, params)
-            return [int(row[0]) for row in cursor.fetchall()]
+        cursor = statement_cursor(connections[self.using])
+        cursor.execute(sql, params)
+        return [int(row[0]) for row in cursor.fetchall()]
 
     def sweep_delete(self, kind: str, first: int, last: int, grace: float = 0) -> int:
         """Delete the ``kind`` records from ``first`` to ``last`` in one
@@ -415,6 +416,37 @@ def existing(row: Sequence[Any]) -> Existing:
     return Existing(
         token, operation, fingerprint, status, bool(expired), bool(lapsed), response, bool(expiring)
     )
+
+
+# Where a connection keeps the driver's cursor for the store's statements,
+# with the driver connection it belongs to.
+_KEPT_CURSOR = "_idempotency_statement_cursor"
+
+
+def statement_cursor(connection: Any) -> Any:
+    """Django's cursor for one of the library's own statements, as
+    ``connection.cursor()`` makes it (error translation, execute wrappers,
+    the query log when Django keeps one), over a driver cursor that the
+    connection keeps while it stays open: making and closing a driver
+    cursor costs more than the statement sent through it. Not closed after
+    use; the connection's next driver connection gets a new one. A
+    ``cursor()`` that a tool replaced on the connection (django-debug-toolbar)
+    is called as it is."""
+    replaced = getattr(type(connection), "cursor", None) is not BaseDatabaseWrapper.cursor
+    if replaced or "cursor" in vars(connection):
+        return connection.cursor()
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    raw = connection.connection
+    kept = vars(connection).get(_KEPT_CURSOR)
+    if kept is None or kept[0] is not raw:
+        with connection.wrap_database_errors:
+            kept = (raw, connection.create_cursor(None))
+        setattr(connection, _KEPT_CURSOR, kept)
+    if connection.queries_logged:
+        return connection.make_debug_cursor(kept[1])
+    return connection.make_cursor(kept[1])
 
 
 def runs_alone(connection: Any) -> bool:

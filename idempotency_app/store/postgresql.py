@@ -90,23 +90,23 @@ class Backend(base.Backend):
         connection = connections[self.using]
         alone = base.runs_alone(connection)
         params = self.claim_params(identity, token, ttl, lease)
-        with _preparing_cursor(connection) as cursor:
-            self.adapt(cursor.cursor)
-            sql = self.claim_statement(alone)
-            try:
-                cursor.execute(sql, params)
-                row = cursor.fetchone()
-            except ProgrammingError as exc:
-                code = getattr(exc.__cause__, "sqlstate", None)
-                if sql != self.claim_calls[alone] or code not in UNCALLABLE:
-                    raise
-                self._give_up_the_function(exc)
-                if not alone or connection.connection.pgconn.pipeline_status:
-                    raise  # the failed call spoiled the caller's transaction
-                # The call failed before the function ran, in a transaction
-                # of its own: nothing to undo.
-                cursor.execute(self.claim_statement(alone), params)
-                row = cursor.fetchone()
+        cursor = _preparing_cursor(connection)
+        self.adapt(cursor.cursor)
+        sql = self.claim_statement(alone)
+        try:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        except ProgrammingError as exc:
+            code = getattr(exc.__cause__, "sqlstate", None)
+            if sql != self.claim_calls[alone] or code not in UNCALLABLE:
+                raise
+            self._give_up_the_function(exc)
+            if not alone or connection.connection.pgconn.pipeline_status:
+                raise  # the failed call spoiled the caller's transaction
+            # The call failed before the function ran, in a transaction
+            # of its own: nothing to undo.
+            cursor.execute(self.claim_statement(alone), params)
+            row = cursor.fetchone()
         if row is None:
             # Lost the race to a row this statement's snapshot cannot see yet.
             return self.fetch(identity)
@@ -154,16 +154,16 @@ class Backend(base.Backend):
             return super().complete(identity, token, response, ttl, commit, before)
         params = self.complete_params(identity, token, response, ttl)
         sql = self.complete_commit_sql if commit else self.complete_sql
-        with connections[self.using].cursor() as cursor:
-            if before:
-                cursor.execute(*_joined(cursor.cursor, before, sql, params))
-            else:
-                cursor.execute(sql, params)
-            if commit:
-                return True
-            for _ in before:
-                cursor.nextset()  # to the completion's own result
-            return bool(cursor.rowcount == 1)
+        cursor = base.statement_cursor(connections[self.using])
+        if before:
+            cursor.execute(*_joined(cursor.cursor, before, sql, params))
+        else:
+            cursor.execute(sql, params)
+        if commit:
+            return True
+        for _ in before:
+            cursor.nextset()  # to the completion's own result
+        return bool(cursor.rowcount == 1)
 
     def carries_statements(self) -> bool:
         raw = connections[self.using].connection
@@ -255,7 +255,7 @@ def _preparing_cursor(connection: Any) -> Any:
     if getattr(raw, "prepare_threshold", None) is None or not makes_text_cursors(
         getattr(raw, "cursor_factory", None)
     ):
-        return connection.cursor()
+        return base.statement_cursor(connection)
     from psycopg import Cursor
 
     with connection.wrap_database_errors:

@@ -1,0 +1,95 @@
+"""The store's statements go through a driver cursor the connection keeps:
+it must stay what a cursor of Django's would be (error translation,
+execute wrappers, the query log), follow the connection through a
+reconnect, and step aside for a tool that replaced ``connection.cursor``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import DatabaseError, connection, connections
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from idempotency_app.store.base import statement_cursor
+from tests.conftest import new_key, post
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BODY = {"label": "a", "amount": 5}
+
+
+def _driver_cursor() -> Any:
+    return statement_cursor(connections["default"]).cursor
+
+
+def test_one_driver_cursor_serves_every_request_on_a_connection(api: APIClient) -> None:
+    assert post(api, "/charges/", BODY, new_key()).status_code == 201
+    kept = _driver_cursor()
+    for _ in range(3):
+        key = new_key()
+        assert post(api, "/charges/", BODY, key).status_code == 201
+        assert post(api, "/charges/", BODY, key).status_code == 201
+    assert _driver_cursor() is kept
+
+
+@pytest.mark.server_db  # SQLite's in-memory test database is never closed
+def test_a_new_connection_gets_a_cursor_of_its_own(api: APIClient) -> None:
+    key = new_key()
+    assert post(api, "/charges/", BODY, key).status_code == 201
+    kept = _driver_cursor()
+    connection.close()
+    replayed = post(api, "/charges/", BODY, key)
+    assert replayed.status_code == 201 and replayed.headers["Idempotent-Replayed"] == "true"
+    assert _driver_cursor() is not kept
+
+
+def test_the_store_statements_are_logged_and_wrapped_as_django_cursors_are(
+    api: APIClient,
+) -> None:
+    key = new_key()
+    seen: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with CaptureQueriesContext(connection) as logged, connection.execute_wrapper(wrapper):
+        assert post(api, "/charges/", BODY, key).status_code == 201
+        assert post(api, "/charges/", BODY, key).status_code == 201
+    table = "idempotency_app_idempotencyrecord"
+    store_logged = [
+        q["sql"]
+        for q in logged.captured_queries
+        if table in q["sql"] or "idempotency_claim" in q["sql"]
+    ]
+    store_seen = [sql for sql in seen if table in sql or "idempotency_claim" in sql]
+    # the claim, the completion and the replay's claim
+    assert len(store_logged) >= 3 and all(store_logged)
+    assert len(store_seen) >= 3
+
+
+def test_errors_are_django_errors_and_leave_the_cursor_usable(api: APIClient) -> None:
+    cursor = statement_cursor(connections["default"])
+    with pytest.raises(DatabaseError):
+        cursor.execute("SELECT * FROM no_such_table_here")
+    assert post(api, "/charges/", BODY, new_key()).status_code == 201
+
+
+def test_a_cursor_method_a_tool_replaced_is_called(
+    api: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[Any] = []
+    original = connection.cursor
+
+    def tool_cursor(*args: Any, **kwargs: Any) -> Any:
+        made.append(True)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(connection, "cursor", tool_cursor)
+    key = new_key()
+    assert post(api, "/charges/", BODY, key).status_code == 201
+    assert post(api, "/charges/", BODY, key).status_code == 201
+    # the view's own two writes, the claim and completion, the replay's claim
+    assert len(made) >= 5

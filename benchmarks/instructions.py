@@ -20,6 +20,7 @@ time it). Needs valgrind (Debian: ``apt-get install valgrind``).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -27,8 +28,10 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -44,6 +47,7 @@ from benchmarks.common import (
     setup_django,
     table,
     use_database,
+    vendor,
 )
 
 # Scenario: (path, what the key is, settings module).
@@ -55,13 +59,69 @@ SCENARIOS = {
     "replay, REPLAY_CACHE": ("/idem/", "replay", "benchmarks.benchproject.replay_cache_settings"),
     "conflict": ("/idem/", "held", SETTINGS),
 }
+# The pieces a keyed request is made of, each called alone (this checkout only).
+PIECES = (
+    "SELECT 1 through Django's cursor",
+    "the same with 10 parameters",
+    "SELECT 1 through libpq's own call (PostgreSQL)",
+    "an empty transaction.atomic()",
+    "the store's claim of a new key (its statement)",
+    "the claim of a new key, in full (lifecycle.claims.claim)",
+)
 WARM_UP = 20
 BODY = json.dumps({"label": "bench", "amount": 100})
 
 
+def piece(name: str) -> Callable[[], Any]:
+    """One of ``PIECES``, as a call."""
+    from django.db import connection, transaction
+
+    from idempotency_app import store
+    from idempotency_app.lifecycle.claims import Policy, claim
+    from idempotency_app.store import Identity
+
+    def select(sql: str, params: list[Any] | None = None) -> Callable[[], Any]:
+        def call() -> Any:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                return cursor.fetchone()
+
+        return call
+
+    def atomic() -> None:
+        with transaction.atomic():
+            pass
+
+    def new_identity() -> Identity:
+        return Identity("user:1", str(uuid.uuid4()), "POST idem/", "f" * 64)
+
+    policy = Policy.from_settings()
+    connection.ensure_connection()
+    return {
+        PIECES[0]: select("SELECT 1"),
+        PIECES[1]: select(", ".join(["SELECT %s"] + ["%s"] * 9), ["text"] * 5 + [1.5] * 5),
+        PIECES[2]: lambda: connection.connection.pgconn.exec_(b"SELECT 1"),
+        PIECES[3]: atomic,
+        PIECES[4]: lambda: store.backend("default").claim(new_identity(), "token", 3600, 60),
+        PIECES[5]: lambda: claim(new_identity(), policy),
+    }[name]
+
+
 def child(scenario: str, requests: int) -> None:
-    """Warm every path up, then send ``requests`` of ``scenario``."""
+    """Warm every path up, then send ``requests`` of ``scenario`` (or make
+    as many calls of a piece)."""
     from benchmarks.micro import hold_in_progress
+
+    if scenario in PIECES:
+        setup_django()
+        call = piece(scenario)
+        for _ in range(WARM_UP):
+            call()
+        gc.collect()
+        gc.freeze()
+        for _ in range(requests):
+            call()
+        return
 
     path, key_kind, settings = SCENARIOS[scenario]
     setup_django(settings)
@@ -71,7 +131,7 @@ def child(scenario: str, requests: int) -> None:
     replay_key, held_key = f"replay-{uuid.uuid4()}", f"held-{uuid.uuid4()}"
 
     def send(path: str, key_kind: str | None) -> None:
-        extra = {}
+        extra: dict[str, Any] = {}
         if key_kind is not None:
             key = {"replay": replay_key, "held": held_key}.get(key_kind) or str(uuid.uuid4())
             extra["HTTP_IDEMPOTENCY_KEY"] = key
@@ -84,6 +144,11 @@ def child(scenario: str, requests: int) -> None:
         for other_path, other_key, _ in SCENARIOS.values():
             for _ in range(WARM_UP):
                 send(other_path, other_key)
+    # The collector's full passes read the whole heap, Django's included, at
+    # moments that differ between the two runs: frozen, a pass reads what
+    # the requests allocated, and the counts repeat.
+    gc.collect()
+    gc.freeze()
     for _ in range(requests):
         send(path, key_kind)
 
@@ -173,6 +238,11 @@ def main() -> None:
     print(
         f"\n(client process only, {args.requests} requests per scenario, thousands of instructions)"
     )
+    pieces = [p for p in PIECES if vendor() == "postgresql" or "PostgreSQL" not in p]
+    rows = [[p, f"{per_request(ROOT, p, args.requests) / 1000:,.0f}"] for p in pieces]
+    reset_schema()
+    print()
+    print(table(["piece, called alone (this checkout)", "k instr. per call"], rows))
 
 
 if __name__ == "__main__":

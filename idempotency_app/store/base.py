@@ -14,6 +14,7 @@ A vendor module (``postgresql``, ``mysql``, ``sqlite``) subclasses
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -268,7 +269,15 @@ class Backend:
 
     def fetch(self, identity: Identity) -> Existing | None:
         _, row = self.execute(self.select, self.params(identity, soon=MAX_REPLAY_CACHE))
-        return None if row is None else existing(row)
+        return None if row is None else self.found(row)
+
+    def found(self, row: Sequence[Any]) -> Existing:
+        """The record a statement read, whose body, if large, the kept
+        cursor does not go on holding (``let_go_of_large_results``)."""
+        record = existing(row)
+        if record.response is not None and record.response.body is not None:
+            let_go_of_large_results(connections[self.using], len(record.response.body))
+        return record
 
     def take_over(
         self, identity: Identity, old_token: str, token: str, ttl: float, lease: float
@@ -421,19 +430,24 @@ def existing(row: Sequence[Any]) -> Existing:
 # Where a connection keeps the driver's cursor for the store's statements,
 # with the driver connection it belongs to.
 _KEPT_CURSOR = "_idempotency_statement_cursor"
+# The methods through which Django makes a cursor, any of which a backend
+# (django-tenants sets the tenant's search_path in ``_cursor``) or a tool
+# (django-debug-toolbar replaces ``cursor``) may have made its own.
+_CURSOR_METHODS = ("cursor", "_cursor", "_prepare_cursor")
+# A result at least this large is not left held by the kept cursor.
+HELD_RESULT_BYTES = 64 * 1024
 
 
 def statement_cursor(connection: Any) -> Any:
-    """Django's cursor for one of the library's own statements, as
-    ``connection.cursor()`` makes it (error translation, execute wrappers,
-    the query log when Django keeps one), over a driver cursor that the
-    connection keeps while it stays open: making and closing a driver
-    cursor costs more than the statement sent through it. Not closed after
-    use; the connection's next driver connection gets a new one. A
-    ``cursor()`` that a tool replaced on the connection (django-debug-toolbar)
-    is called as it is."""
-    replaced = getattr(type(connection), "cursor", None) is not BaseDatabaseWrapper.cursor
-    if replaced or "cursor" in vars(connection):
+    """Django's cursor for one of the library's own statements (and, while
+    work runs, Django's savepoint statements), as ``connection.cursor()``
+    makes it (error translation, execute wrappers), over a driver cursor
+    that the connection keeps while it stays open: making and closing a
+    driver cursor costs more than the statement sent through it. Not closed
+    after use; the connection's next driver connection gets a new one.
+    It is ``connection.cursor()`` itself where that is not plainly Django's
+    (``keeps_a_cursor``)."""
+    if not keeps_a_cursor(connection):
         return connection.cursor()
     connection.close_if_health_check_failed()
     connection.ensure_connection()
@@ -444,9 +458,37 @@ def statement_cursor(connection: Any) -> Any:
         with connection.wrap_database_errors:
             kept = (raw, connection.create_cursor(None))
         setattr(connection, _KEPT_CURSOR, kept)
-    if connection.queries_logged:
-        return connection.make_debug_cursor(kept[1])
     return connection.make_cursor(kept[1])
+
+
+def keeps_a_cursor(connection: Any) -> bool:
+    """Whether ``connection`` makes its cursors Django's own way, neither
+    replaced on the class nor on the connection; Django logs no queries
+    (its log reads each statement back from the driver's cursor); and no
+    other thread may use it (two threads on one cursor would read each
+    other's results)."""
+    return (
+        _makes_cursors_as_django_does(connection.__class__)
+        and not any(name in vars(connection) for name in _CURSOR_METHODS)
+        and not connection.queries_logged
+        and not connection.allow_thread_sharing
+    )
+
+
+@functools.cache
+def _makes_cursors_as_django_does(cls: Any) -> bool:
+    return all(
+        getattr(cls, name, None) is getattr(BaseDatabaseWrapper, name) for name in _CURSOR_METHODS
+    )
+
+
+def let_go_of_large_results(connection: Any, size: int) -> None:
+    """Close the kept cursor after a result of ``size`` bytes (a replayed
+    body), rather than hold it until the connection's next statement."""
+    if size >= HELD_RESULT_BYTES:
+        kept = vars(connection).pop(_KEPT_CURSOR, None)
+        if kept is not None:
+            kept[1].close()
 
 
 def runs_alone(connection: Any) -> bool:

@@ -59,7 +59,7 @@ class Backend(base.Backend):
         params = self.claim_params(identity, token, ttl, lease)
         if base.runs_alone(connections[self.using]) and self.returns_rows():
             _, row = self.execute(self.claim_alone_sql, params)
-            return CLAIMED if row[0] == token else base.existing(row)
+            return CLAIMED if row[0] == token else self.found(row)
         try:
             self.execute(self.claim_sql, params)
         except IntegrityError as exc:
@@ -75,7 +75,7 @@ class Backend(base.Backend):
             self.select_locking if locking else self.select,
             self.params(identity, soon=MAX_REPLAY_CACHE),
         )
-        return None if row is None else base.existing(row)
+        return None if row is None else self.found(row)
 
     @functools.cached_property
     def _returns_rows(self) -> bool:

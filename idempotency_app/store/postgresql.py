@@ -110,7 +110,7 @@ class Backend(base.Backend):
         if row is None:
             # Lost the race to a row this statement's snapshot cannot see yet.
             return self.fetch(identity)
-        return CLAIMED if row[0] is None else base.existing(row)
+        return CLAIMED if row[0] is None else self.found(row)
 
     def _give_up_the_function(self, exc: Exception) -> None:
         """The function is gone, or this session cannot call it (a migration

@@ -25,17 +25,15 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from django.dispatch import Signal
 
-# Sent on every keyed request: each keeps its receivers per sender (every
-# sender is a class or a function) rather than sorting them out per send.
-replayed = Signal(use_caching=True)
-conflict = Signal(use_caching=True)
-mismatch = Signal(use_caching=True)
-takeover = Signal(use_caching=True)
-interrupted = Signal(use_caching=True)
-guard_hit = Signal(use_caching=True)
-executed = Signal(use_caching=True)
-store_unavailable = Signal(use_caching=True)
-claim_timed = Signal(use_caching=True)
+replayed = Signal()
+conflict = Signal()
+mismatch = Signal()
+takeover = Signal()
+interrupted = Signal()
+guard_hit = Signal()
+executed = Signal()
+store_unavailable = Signal()
+claim_timed = Signal()
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -1,14 +1,16 @@
-"""The library's signals keep their receivers per sender between sends:
-what a project connects or disconnects later must still be what is called."""
+"""What a project connects to the library's signals, and when, is what is
+called; and a project may send them itself, with any sender."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from rest_framework.test import APIClient
 
 from idempotency_app import signals
 from idempotency_app.lifecycle.claims import Claim
+from idempotency_app.store import Identity
 from tests.conftest import new_key, post
 
 
@@ -52,3 +54,18 @@ def test_a_receiver_for_another_sender_is_not_called(api: APIClient) -> None:
     finally:
         signals.replayed.disconnect(receiver, sender=object)
     assert called == []
+
+
+@pytest.mark.parametrize("sender", [None, "a-string", 1])
+def test_a_signal_may_be_sent_with_any_sender(sender: Any) -> None:
+    got: list[Any] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        got.append(sender)
+
+    signals.executed.connect(receiver, weak=False)
+    try:
+        signals.executed.send(sender, identity=Identity("s", "k", "op", "fp"), status=201)
+    finally:
+        signals.executed.disconnect(receiver)
+    assert got == [sender]

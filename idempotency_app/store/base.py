@@ -439,14 +439,13 @@ HELD_RESULT_BYTES = 64 * 1024
 
 
 def statement_cursor(connection: Any) -> Any:
-    """Django's cursor for one of the library's own statements (and, while
-    work runs, Django's savepoint statements), as ``connection.cursor()``
-    makes it (error translation, execute wrappers), over a driver cursor
-    that the connection keeps while it stays open: making and closing a
-    driver cursor costs more than the statement sent through it. Not closed
-    after use; the connection's next driver connection gets a new one.
-    It is ``connection.cursor()`` itself where that is not plainly Django's
-    (``keeps_a_cursor``)."""
+    """Django's cursor for one of the library's own statements, as
+    ``connection.cursor()`` makes it (error translation, execute wrappers),
+    over a driver cursor that the connection keeps while it stays open:
+    making and closing a driver cursor costs more than the statement sent
+    through it. Not closed after use; the connection's next driver
+    connection gets a new one. It is ``connection.cursor()`` itself where
+    that is not plainly Django's (``keeps_a_cursor``)."""
     if not keeps_a_cursor(connection):
         return connection.cursor()
     connection.close_if_health_check_failed()

@@ -50,11 +50,14 @@ from benchmarks.common import (
     vendor,
 )
 
+# The view's block as atomic(savepoint=False): what its savepoint costs.
+NO_SAVEPOINT = "fresh, the view's atomic(savepoint=False)"
 # Scenario: (path, what the key is, settings module).
 SCENARIOS = {
     "floor": ("/floor/", None, SETTINGS),
     "plain": ("/plain/", None, SETTINGS),
     "fresh": ("/idem/", "new", SETTINGS),
+    NO_SAVEPOINT: ("/idem/", "new", SETTINGS),
     "replay": ("/idem/", "replay", SETTINGS),
     "replay, REPLAY_CACHE": ("/idem/", "replay", "benchmarks.benchproject.replay_cache_settings"),
     "conflict": ("/idem/", "held", SETTINGS),
@@ -125,6 +128,9 @@ def child(scenario: str, requests: int) -> None:
 
     path, key_kind, settings = SCENARIOS[scenario]
     setup_django(settings)
+    from benchmarks.benchproject import views
+
+    views.SAVEPOINT = scenario != NO_SAVEPOINT
     from django.test import Client
 
     client = Client(HTTP_AUTHORIZATION="Token bench-token-1")

@@ -14,9 +14,11 @@ A vendor module (``postgresql``, ``mysql``, ``sqlite``) subclasses
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,13 +238,19 @@ class Backend:
         self, sql: str, params: Mapping[str, Any] | None, connection: Any = None
     ) -> tuple[int, Any]:
         """The rows the statement touched, and its first row if it returns any."""
-        cursor = statement_cursor(connection or connections[self.using])
+        connection = connection or connections[self.using]
+        cursor = statement_cursor(connection)
         self.adapt(cursor.cursor)
-        cursor.execute(sql, params)
+        with self.sending(connection):
+            cursor.execute(sql, params)
         return cursor.rowcount, cursor.fetchone() if cursor.description else None
 
     def adapt(self, cursor: Any) -> None:
         """Ready the driver's ``cursor`` for the store's statements."""
+
+    def sending(self, connection: Any) -> AbstractContextManager[Any]:
+        """Around a statement whose result is read at once."""
+        return contextlib.nullcontext()
 
     # -- the lifecycle -----------------------------------------------------
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from django.db import ProgrammingError, connections, transaction
@@ -83,6 +85,15 @@ class Backend(base.Backend):
             f"SELECT CASE count(*) WHEN 1 THEN 1 "
             f"ELSE CAST('{CLAIM_LOST}: ' || count(*) AS integer) END FROM done; COMMIT"
         )
+
+    def sending(self, connection: Any) -> AbstractContextManager[Any]:
+        """In psycopg's pipeline mode a statement's result arrives only at
+        the next sync, and its row count and rows read as none before it:
+        leaving a pipeline block nested in the caller's syncs."""
+        raw = connection.connection
+        if getattr(getattr(raw, "pgconn", None), "pipeline_status", None):
+            return raw.pipeline()  # type: ignore[no-any-return]
+        return contextlib.nullcontext()
 
     def claim(
         self, identity: Identity, token: str, ttl: float, lease: float

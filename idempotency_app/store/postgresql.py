@@ -260,20 +260,19 @@ def _preparing_cursor(connection: Any) -> Any:
     which binds parameters on the server (strings as text, so that one used
     twice has one type), does. It is Django's cursor wrapper all the same
     (execute wrappers, query logging, error translation)."""
-    connection.close_if_health_check_failed()  # as Django's own cursor() does
-    connection.ensure_connection()
+    cursor = base.statement_cursor(connection)  # connected and checked, as by cursor()
     raw = connection.connection
     if getattr(raw, "prepare_threshold", None) is None or not makes_text_cursors(
         getattr(raw, "cursor_factory", None)
     ):
-        return base.statement_cursor(connection)
+        return cursor
     from psycopg import Cursor
 
     with connection.wrap_database_errors:
-        cursor = Cursor(raw)
+        prepared = Cursor(raw)
     if connection.queries_logged:
-        return connection.make_debug_cursor(cursor)
-    return connection.make_cursor(cursor)
+        return connection.make_debug_cursor(prepared)
+    return connection.make_cursor(prepared)
 
 
 def has_claim_function(raw: Any) -> bool | None:

@@ -147,10 +147,7 @@ class Settings:
         return user
 
     def _get(self, name: str) -> Any:
-        user = self._user_settings
-        if user is None:
-            user = self.user_settings
-        return user.get(name, DEFAULTS[name])
+        return self.user_settings.get(name, DEFAULTS[name])
 
     @property
     def ENABLED(self) -> bool:

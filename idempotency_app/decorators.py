@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from idempotency_app.http import async_handling, handling
+from idempotency_app.http.keys import http_request
 from idempotency_app.http.options import Options, declare
 from idempotency_app.lifecycle.units import refuse_generator
 
@@ -60,9 +61,7 @@ def idempotent(
         @functools.wraps(handler)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             view, request = _locate(args)
-            # The Django request's own attributes: DRF's Request finds them
-            # only after its own lookup has failed.
-            if not options.covers(request._request.method or "", DECORATOR_METHODS):
+            if not options.covers(http_request(request).method or "", DECORATOR_METHODS):
                 return handler(*args, **kwargs)
             return handling.handle(view, request, lambda: handler(*args, **kwargs), options)
 

@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 
 from idempotency_app.conf import conf
 from idempotency_app.exceptions import ReplayNotAcceptable
+from idempotency_app.http.keys import http_request
 from idempotency_app.store import StoredResponse
 
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -112,7 +113,7 @@ def replay(stored: StoredResponse, request: Request, view: APIView) -> HttpRespo
 def _same_question(stored: StoredResponse, request: Request) -> bool:
     """Whether this request sends the Accept the stored response was
     produced for (its digest, or itself in a row stored before digests)."""
-    accept: str = request._request.META.get("HTTP_ACCEPT", "")  # past DRF's own lookup
+    accept: str = http_request(request).META.get("HTTP_ACCEPT", "")
     for name, value in stored.headers:
         if name == REQUEST_ACCEPT_DIGEST:
             return bool(accept) and value == digest(accept)

@@ -305,25 +305,49 @@ def begin_with(connection: Any, statement: str) -> bool:
     """Open the transaction with ``statement`` (the work's first SAVEPOINT)
     in the BEGIN's own round trip, where psycopg would send BEGIN alone and
     then the statement; False, sending nothing, unless the transaction is
-    not open yet and opens with a plain BEGIN (no isolation level, read-only
-    or deferrable setting on the connection). It is sent at once, so no
-    statement can slip in before it, through libpq's own call: psycopg
-    would send its BEGIN first."""
+    not open yet and opens with a plain BEGIN (``opens_plainly``). It is
+    sent at once, so no statement can slip in before it, through libpq's own
+    call: psycopg would send its BEGIN first."""
+    if not opens_plainly(connection.connection):
+        return False
+    send_at_once(connection, "BEGIN; " + statement)
+    return True
+
+
+def opens_plainly(raw: Any) -> bool:
+    """Whether psycopg would open a transaction before the next statement,
+    with a plain BEGIN (no isolation level, read-only or deferrable setting
+    on the connection)."""
+    from psycopg import pq
+
+    return (
+        not raw.autocommit
+        and raw.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        and not raw.pgconn.pipeline_status
+        and (raw.isolation_level, raw.read_only, raw.deferrable) == (None, None, None)
+    )
+
+
+def in_open_transaction(raw: Any) -> bool:
+    """Whether a transaction is open and has not failed (a statement sent
+    now runs in it, with nothing psycopg would send first)."""
+    from psycopg import pq
+
+    return bool(raw.pgconn.transaction_status == pq.TransactionStatus.INTRANS)
+
+
+def send_at_once(connection: Any, sql: str) -> None:
+    """Send ``sql`` (statements that return no rows) through libpq's own
+    call, raising what psycopg would: no cursor to make, and nothing psycopg
+    adds in front. Its transaction handling reads the session's status from
+    libpq, so a BEGIN sent here is psycopg's transaction too."""
     from psycopg import OperationalError, errors, pq
 
     raw = connection.connection
     pgconn = raw.pgconn
-    if (
-        raw.autocommit
-        or pgconn.transaction_status != pq.TransactionStatus.IDLE
-        or pgconn.pipeline_status
-        or (raw.isolation_level, raw.read_only, raw.deferrable) != (None, None, None)
-    ):
-        return False
     with connection.wrap_database_errors:
-        result = pgconn.exec_(b"BEGIN; " + statement.encode())
+        result = pgconn.exec_(sql.encode())
         if result.status != pq.ExecStatus.COMMAND_OK:
             if pgconn.status != pq.ConnStatus.OK:
                 raise OperationalError(pgconn.get_error_message(raw.info.encoding))
             raise errors.error_from_result(result, encoding=raw.info.encoding)
-    return True

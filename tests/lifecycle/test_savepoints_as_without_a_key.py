@@ -7,9 +7,10 @@ the connection's state afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -95,6 +96,88 @@ def test_inner_execute_wrapper_sees_the_savepoint() -> None:
     outcome(work, keyed=True)
     assert "SAVEPOINT" in plain_seen
     assert "SAVEPOINT" in seen, (plain_seen, seen)
+
+
+# 2b. An execute wrapper the project installed around the work, and an agent
+# that replaced CursorWrapper.execute, see the savepoints too: the library
+# sends them without a cursor only where nobody would have seen them.
+def _kinds_seen_by(install: Callable[[list[str]], Any]) -> tuple[list[str], list[str]]:
+    def work() -> str:
+        with transaction.atomic():
+            Charge.objects.create(label="inside")
+        return "done"
+
+    seen: list[str] = []
+    with install(seen):
+        outcome(work, keyed=False)
+        plain_seen, seen[:] = list(seen), []
+        outcome(work, keyed=True)
+    return plain_seen, seen
+
+
+def test_an_outer_execute_wrapper_sees_the_savepoint_and_its_release() -> None:
+    def record(seen: list[str]) -> Any:
+        def wrapper(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
+            seen.append(str(sql).split(" ")[0])
+            return execute(sql, params, many, context)
+
+        return connection.execute_wrapper(wrapper)
+
+    plain_seen, keyed_seen = _kinds_seen_by(record)
+    assert {"SAVEPOINT", "RELEASE"} <= set(plain_seen), plain_seen
+    assert {"SAVEPOINT", "RELEASE"} <= set(keyed_seen), keyed_seen
+
+
+def test_a_replaced_cursor_wrapper_execute_sees_the_savepoint_and_its_release(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django.db.backends.utils import CursorWrapper
+
+    django_execute = CursorWrapper.execute
+
+    @contextlib.contextmanager
+    def record(seen: list[str]) -> Iterator[None]:
+        def execute(self: Any, sql: Any, params: Any = None) -> Any:  # as an APM agent's
+            seen.append(str(sql).split(" ")[0])
+            return django_execute(self, sql, params)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(CursorWrapper, "execute", execute)
+            yield
+
+    plain_seen, keyed_seen = _kinds_seen_by(record)
+    assert {"SAVEPOINT", "RELEASE"} <= set(plain_seen), plain_seen
+    assert {"SAVEPOINT", "RELEASE"} <= set(keyed_seen), keyed_seen
+
+
+@pytest.mark.postgresql
+def test_a_block_in_the_work_makes_no_cursor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where nobody would see the difference, a block's SAVEPOINT and RELEASE
+    make no cursor (each would cost more than the rest of the block): this
+    fails if Django stops creating savepoints through the connection's
+    ``_savepoint`` and ``_savepoint_commit``."""
+    made: list[str] = []
+    connection.ensure_connection()
+    create_cursor = connection.create_cursor
+
+    def counting(name: Any = None) -> Any:
+        made.append("cursor")
+        return create_cursor(name)
+
+    monkeypatch.setattr(connection, "create_cursor", counting)
+
+    def work() -> list[str]:
+        Charge.objects.create(label="before")
+        before = len(made)
+        with transaction.atomic(), transaction.atomic():
+            pass
+        with transaction.atomic():
+            pass
+        return made[before:]
+
+    assert once(str(uuid.uuid4()), work) == []
+    assert "before" in labels()
+    assert "_savepoint" not in vars(connection), "Django's own methods are back"
 
 
 # 3. connection.queries (CaptureQueriesContext / DEBUG) shows the SAVEPOINT's SQL.

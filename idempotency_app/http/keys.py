@@ -265,9 +265,7 @@ def canonical_body(request: Any, body: bytes) -> bytes:
     charset = http_request(request).encoding or settings.DEFAULT_CHARSET
     try:
         text = body.decode(charset)
-        data = json.loads(
-            text, parse_constant=_refuse, parse_float=orjson.Fragment, parse_int=orjson.Fragment
-        )
+        data = _DECODE_KEEPING_NUMBERS(text)
     except (ValueError, LookupError, RecursionError):  # UnicodeDecodeError is a ValueError
         return body
     try:
@@ -278,6 +276,20 @@ def canonical_body(request: Any, body: bytes) -> bytes:
         return _write(json.loads(text, parse_float=_Number, parse_int=_Number)).encode()
     except RecursionError:
         return body
+
+
+# json.dumps and json.loads build an encoder or decoder per call when given
+# options; these are built once.
+_encode_url_args = json.JSONEncoder(default=str).encode
+
+
+def _refuse(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+_DECODE_KEEPING_NUMBERS = json.JSONDecoder(
+    parse_constant=_refuse, parse_float=orjson.Fragment, parse_int=orjson.Fragment
+).decode
 
 
 class _Number(str):
@@ -297,10 +309,6 @@ def _write(value: Any) -> str:
     return json.dumps(value)
 
 
-def _refuse(constant: str) -> Any:
-    raise ValueError(f"{constant} is not JSON")
-
-
 def fingerprint(request: Any) -> str:
     """SHA-256 over what the request asks for, each part length-framed."""
     django_request = http_request(request)
@@ -309,7 +317,7 @@ def fingerprint(request: Any) -> str:
     form, body = request_body(request)
     parts: list[bytes] = [
         operation(request).encode(),  # the method and the route
-        json.dumps(url_args, default=str).encode(),
+        _encode_url_args(url_args).encode(),
         form,
         canonical_body(request, body) if form is RAW else body,
     ]

@@ -263,8 +263,9 @@ def takeover(found: Existing, identity: Identity) -> str | None:
 
 def _claim(identity: Identity, policy: Policy, deadline: float, token: str) -> Claim | Replay:
     records = store.backend(policy.using)
-    nested = in_transaction(policy.using)
-    blocks = connections[policy.using].atomic_blocks
+    connection = connections[policy.using]
+    nested = not runs_alone(connection)
+    blocks = connection.atomic_blocks
     read_since = replays.generation()
     origin = blocks[0] if nested and blocks else None
 

@@ -94,7 +94,8 @@ class _WorkState:
     has said of its transaction."""
 
     def __init__(self, identity: Identity, using: str) -> None:
-        connection = connections[using]
+        self.connection: Any = connections[using]
+        connection = self.connection
         self.identity = identity
         self.using = using
         self.vendor = connection.vendor
@@ -110,7 +111,7 @@ class _WorkState:
         self.judging: Any = None
         # Per alias: its connection (in this thread), vendor and quoting
         # probe, looked up once rather than per statement.
-        self._databases: dict[str, tuple[Any, str, statements.SessionQuoting]] = {}
+        self._databases = {using: _described(connection)}
         # Django's SAVEPOINT and RELEASE SAVEPOINT statements not sent yet:
         # each goes with the next statement (``_Savepoints``).
         self.savepoints = (
@@ -149,9 +150,7 @@ class _WorkState:
     def database(self, alias: str) -> tuple[Any, str, statements.SessionQuoting]:
         found = self._databases.get(alias)
         if found is None:
-            connection = connections[alias]
-            quoting = functools.partial(drivers.quoting, connection)
-            found = self._databases[alias] = (connection, connection.vendor, quoting)
+            found = self._databases[alias] = _described(connections[alias])
         return found
 
     def after_error(self, exc: DatabaseError) -> None:
@@ -177,6 +176,11 @@ class _WorkState:
             drivers.refresh_status(connections[self.using])
         with contextlib.suppress(TransactionEnded):
             self.observe()
+
+
+def _described(connection: Any) -> tuple[Any, str, statements.SessionQuoting]:
+    """A connection with its vendor and its quoting probe."""
+    return connection, connection.vendor, functools.partial(drivers.quoting, connection)
 
 
 # Django's PostgreSQL backend's SAVEPOINT and RELEASE SAVEPOINT (its names
@@ -290,7 +294,8 @@ def confined(identity: Identity, using: str) -> Iterator[_WorkState]:
         with contextlib.ExitStack() as stack:
             for alias in settings.DATABASES:
                 guard = _guard(state, alias)
-                stack.enter_context(connections[alias].execute_wrapper(guard))
+                connection = state.connection if alias == using else connections[alias]
+                stack.enter_context(connection.execute_wrapper(guard))
                 if alias == using and state.savepoints is not None:
                     stack.enter_context(_savepoints_without_cursors(state, guard))
             try:
@@ -404,7 +409,7 @@ def _savepoints_without_cursors(state: _WorkState, guard: Callable[..., Any]) ->
     private hooks, the same from 4.2 to 6.1 (``tests/lifecycle/
     test_savepoints_as_without_a_key.py`` fails if Django stops calling
     them)."""
-    connection: Any = connections[state.using]
+    connection = state.connection
     savepoints = state.savepoints
     assert savepoints is not None
     django_create, django_release = connection._savepoint, connection._savepoint_commit

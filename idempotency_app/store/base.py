@@ -283,8 +283,9 @@ class Backend:
         """The record a statement read, whose body, if large, the kept
         cursor does not go on holding (``let_go_of_large_results``)."""
         record = existing(row)
-        if record.response is not None and record.response.body is not None:
-            let_go_of_large_results(connections[self.using], len(record.response.body))
+        body = None if record.response is None else record.response.body
+        if body is not None and len(body) >= HELD_RESULT_BYTES:
+            let_go_of_large_results(connections[self.using])
         return record
 
     def take_over(
@@ -489,13 +490,13 @@ def _makes_cursors_as_django_does(cls: Any) -> bool:
     )
 
 
-def let_go_of_large_results(connection: Any, size: int) -> None:
-    """Close the kept cursor after a result of ``size`` bytes (a replayed
-    body), rather than hold it until the connection's next statement."""
-    if size >= HELD_RESULT_BYTES:
-        kept = vars(connection).pop(_KEPT_CURSOR, None)
-        if kept is not None:
-            kept[1].close()
+def let_go_of_large_results(connection: Any) -> None:
+    """Close the kept cursor after a large result (a replayed body of
+    ``HELD_RESULT_BYTES`` or more), rather than hold it until the
+    connection's next statement."""
+    kept = vars(connection).pop(_KEPT_CURSOR, None)
+    if kept is not None:
+        kept[1].close()
 
 
 def runs_alone(connection: Any) -> bool:

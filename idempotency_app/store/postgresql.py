@@ -161,11 +161,12 @@ class Backend(base.Backend):
         the COMMIT after it: one round trip instead of two, and Django's own
         commit then finds nothing to do. Any error then leaves it to the
         caller to read back what committed."""
-        if not self.carries_statements():
+        connection = connections[self.using]
+        if not _carries_statements(connection.connection):
             return super().complete(identity, token, response, ttl, commit, before)
         params = self.complete_params(identity, token, response, ttl)
         sql = self.complete_commit_sql if commit else self.complete_sql
-        cursor = base.statement_cursor(connections[self.using])
+        cursor = base.statement_cursor(connection)
         if before:
             cursor.execute(*_joined(cursor.cursor, before, sql, params))
         else:
@@ -177,12 +178,7 @@ class Backend(base.Backend):
         return bool(cursor.rowcount == 1)
 
     def carries_statements(self) -> bool:
-        raw = connections[self.using].connection
-        return (
-            raw is not None
-            and makes_text_cursors(getattr(raw, "cursor_factory", None))
-            and raw.pgconn.pipeline_status == 0
-        )
+        return _carries_statements(connections[self.using].connection)
 
     def adapt(self, cursor: Any) -> None:
         """A cursor that binds parameters on the server (Django's
@@ -208,6 +204,16 @@ class Backend(base.Backend):
         """The transaction's isolation level, as ``SHOW`` names it."""
         _, row = self.execute("SHOW transaction_isolation", None)
         return str(row[0])
+
+
+def _carries_statements(raw: Any) -> bool:
+    """Whether the driver connection ``raw`` sends several statements in
+    one message (psycopg 3's client-side cursors, outside pipeline mode)."""
+    return (
+        raw is not None
+        and makes_text_cursors(getattr(raw, "cursor_factory", None))
+        and raw.pgconn.pipeline_status == 0
+    )
 
 
 def _joined(

@@ -94,8 +94,8 @@ class _WorkState:
     has said of its transaction."""
 
     def __init__(self, identity: Identity, using: str) -> None:
-        self.connection: Any = connections[using]
-        connection = self.connection
+        connection: Any = connections[using]
+        self.connection = connection
         self.identity = identity
         self.using = using
         self.vendor = connection.vendor
@@ -234,7 +234,11 @@ class _Savepoints:
         """Send what is held, alone: before SQL that cannot carry it."""
         if self.held:
             held, self.held = self.held, []
-            send_alone(connection, held)
+            try:
+                send_alone(connection, held)
+            except Exception as exc:
+                _release_refused(held, exc)
+                raise
 
     def create(self, connection: Any, sql: str) -> bool:
         """Send Django's SAVEPOINT ``sql`` at once, through libpq's own call:
@@ -251,6 +255,7 @@ class _Savepoints:
         except Exception as exc:
             if _refused_before_sending(exc):
                 self.held[:0] = held  # still to send
+            _release_refused(held, exc)
             raise
         return True
 
@@ -424,20 +429,25 @@ def _savepoints_without_cursors(state: _WorkState, guard: Callable[..., Any]) ->
             and keeps_a_cursor(connection)
             and connection.connection is not None
             and not connection.connection.pgconn.pipeline_status
+            and _psycopg_executes(connection.connection)
         )
 
     def create(sid: str) -> None:
         sql = connection.ops.savepoint_create_sql(sid)
-        if not unseen() or not _judged(
-            state, state.using, sql, None, lambda: savepoints.create(connection, sql)
-        ):
+
+        def send() -> bool:
+            connection.validate_no_broken_transaction()  # as Django's cursor would
+            return savepoints.create(connection, sql)
+
+        if not unseen() or not _judged(state, state.using, sql, None, send):
             django_create(sid)
 
     def release(sid: str) -> None:
-        if not unseen():
-            django_release(sid)
-            return
-        savepoints.held.append(connection.ops.savepoint_commit_sql(sid))
+        if unseen():
+            connection.validate_no_broken_transaction()
+            if savepoints.hold(connection.ops.savepoint_commit_sql(sid), None, False):
+                return
+        django_release(sid)
 
     before = {name: vars(connection).get(name) for name in ("_savepoint", "_savepoint_commit")}
     connection._savepoint, connection._savepoint_commit = create, release
@@ -456,6 +466,18 @@ def _django_executes() -> bool:
     an APM agent's replacement or wrapper."""
     execute = vars(CursorWrapper).get("execute")
     return type(execute) is types.FunctionType and execute.__module__ == CursorWrapper.__module__
+
+
+def _psycopg_executes(raw: Any) -> bool:
+    """Whether the driver connection's cursors run statements through
+    psycopg's own ``execute`` (the guard's cursor class aside): no agent
+    traces them at the driver (OpenTelemetry's psycopg instrumentation, for
+    one), so a statement sent through libpq's own call is missed by nobody."""
+    factory: Any = getattr(raw, "cursor_factory", None)
+    if getattr(factory, "__module__", None) == __name__:  # _guarded_cursor's class
+        factory = factory.__mro__[1]
+    execute = getattr(factory, "execute", None)
+    return type(execute) is types.FunctionType and execute.__module__.startswith("psycopg.")
 
 
 def _may_reorder(guard: Callable[..., Any], connection: Any) -> bool:
@@ -493,6 +515,7 @@ def _with_savepoints(
             and params is None
             and isinstance(sql, str)
             and _DJANGO_SAVEPOINT.fullmatch(sql)
+            and _psycopg_executes(context["connection"].connection)
             and begin_with(context["connection"], sql)
         ):
             return context["cursor"].cursor
@@ -503,10 +526,36 @@ def _with_savepoints(
     except Exception as exc:
         if _refused_before_sending(exc):
             savepoints.held[:0] = held  # still to send
+        _release_refused(held, exc)
         raise
     for _ in held:
         context["cursor"].cursor.nextset()
     return result
+
+
+# What the server answers a RELEASE or ROLLBACK TO of a savepoint it does not have.
+INVALID_SAVEPOINT = "3B001"
+
+
+def _release_refused(held: list[str], exc: BaseException) -> None:
+    """After ``held`` releases went in front of a statement that failed. If
+    the server had no such savepoint, one of them may be what it refused:
+    without a key that release would have failed where it was called, and
+    here the work may catch the error and heal the transaction with an
+    enclosing block's rollback. The work fails all the same."""
+    if held and _sqlstate(exc) == INVALID_SAVEPOINT:
+        _refuse(
+            "The work released a savepoint that no longer existed (a transaction.atomic() "
+            "block or savepoint_commit() after a rollback past it, or a second release of "
+            "it). The server refused the release at a later statement, because releases are "
+            "sent with the next one; without an idempotency key it would have failed where it "
+            "was called. Release each savepoint once, and never after rolling back past it."
+        )
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    driver_error = exc if hasattr(exc, "sqlstate") else exc.__cause__
+    return getattr(driver_error, "sqlstate", None)
 
 
 def _refused_before_sending(exc: BaseException) -> bool:
@@ -516,8 +565,7 @@ def _refused_before_sending(exc: BaseException) -> bool:
     lost connection, they fail as the transaction has; and one that did run
     is refused when sent again, which fails the work rather than let a
     refused release vanish."""
-    driver_error = exc if hasattr(exc, "sqlstate") else exc.__cause__
-    return getattr(driver_error, "sqlstate", None) is None
+    return _sqlstate(exc) is None
 
 
 def _ends(ending: str) -> str:

@@ -104,7 +104,8 @@ class _WorkState:
         # The transaction has been seen open: seen closed from now on, it ended.
         self.started = False
         self.ended: TransactionEnded | None = None
-        # The server rolled the transaction back (a deadlock) while it ran.
+        # The server rolled the transaction back (a deadlock) while it ran, or
+        # refused a release the work would have failed at (``_release_refused``).
         self.rolled_back = False
         # The statement Django's execute wrapper is judging, which the
         # driver's cursor it reaches need not judge again.
@@ -325,7 +326,8 @@ def confined(identity: Identity, using: str) -> Iterator[_WorkState]:
 
 def rolled_back_by_the_server() -> bool:
     """Whether the server rolled the running work's transaction back (a
-    deadlock), even if the work then told Django otherwise."""
+    deadlock) or refused a release the work held back, even if the work
+    then told Django otherwise."""
     state = _work.get()
     return state is not None and state.rolled_back
 
@@ -464,8 +466,7 @@ def _savepoints_without_cursors(state: _WorkState, guard: Callable[..., Any]) ->
 def _django_executes() -> bool:
     """Whether ``CursorWrapper.execute`` is still Django's own function, not
     an APM agent's replacement or wrapper."""
-    execute = vars(CursorWrapper).get("execute")
-    return type(execute) is types.FunctionType and execute.__module__ == CursorWrapper.__module__
+    return _own_function(vars(CursorWrapper).get("execute"), CursorWrapper.__module__)
 
 
 def _psycopg_executes(raw: Any) -> bool:
@@ -476,8 +477,18 @@ def _psycopg_executes(raw: Any) -> bool:
     factory: Any = getattr(raw, "cursor_factory", None)
     if getattr(factory, "__module__", None) == __name__:  # _guarded_cursor's class
         factory = factory.__mro__[1]
-    execute = getattr(factory, "execute", None)
-    return type(execute) is types.FunctionType and execute.__module__.startswith("psycopg.")
+    return _own_function(getattr(factory, "execute", None), "psycopg.cursor")
+
+
+def _own_function(function: Any, module: str) -> bool:
+    """Whether ``function`` is a plain function of ``module``: not an agent's
+    replacement, nor a wrapper (wrapt's proxies, or ``functools.wraps``,
+    which copies the module's name but leaves ``__wrapped__``)."""
+    return (
+        type(function) is types.FunctionType
+        and function.__module__ == module
+        and not hasattr(function, "__wrapped__")
+    )
 
 
 def _may_reorder(guard: Callable[..., Any], connection: Any) -> bool:
@@ -539,18 +550,23 @@ INVALID_SAVEPOINT = "3B001"
 
 def _release_refused(held: list[str], exc: BaseException) -> None:
     """After ``held`` releases went in front of a statement that failed. If
-    the server had no such savepoint, one of them may be what it refused:
-    without a key that release would have failed where it was called, and
-    here the work may catch the error and heal the transaction with an
-    enclosing block's rollback. The work fails all the same."""
-    if held and _sqlstate(exc) == INVALID_SAVEPOINT:
-        _refuse(
-            "The work released a savepoint that no longer existed (a transaction.atomic() "
-            "block or savepoint_commit() after a rollback past it, or a second release of "
-            "it). The server refused the release at a later statement, because releases are "
-            "sent with the next one; without an idempotency key it would have failed where it "
-            "was called. Release each savepoint once, and never after rolling back past it."
-        )
+    the savepoint the server did not have is one they release (or its name
+    cannot be read: a server speaking another language), the server refused
+    one of them: without a key that release would have failed where it was
+    called, while here the work may catch the error and heal the transaction
+    with an enclosing block's rollback. The work is rolled back all the same
+    (``WorkRolledBack``, 500 ``request_rolled_back``), as if it had not
+    caught it. A savepoint of the statement's own is the statement's error."""
+    state = _work.get()
+    if state is None or not held or _sqlstate(exc) != INVALID_SAVEPOINT:
+        return
+    missing = _MISSING_SAVEPOINT.search(str(exc))
+    if missing is None or any(f'"{missing.group(1)}"' in release for release in held):
+        state.rolled_back = True
+
+
+# The server's (English) message for a savepoint it does not have.
+_MISSING_SAVEPOINT = re.compile(r'savepoint "([^"]*)" does not exist')
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -651,8 +667,12 @@ def _guarded_cursor(
             sql = sql_of(*args, **kwargs)
             if sql is state.judging and sql is not None:
                 return original(self, *args, **kwargs)
-            if state.savepoints is not None and alias == state.using:
-                state.savepoints.flush(connections[alias])
+            if (
+                state.savepoints is not None
+                and alias == state.using
+                and connections[alias] is state.connection  # not another thread's
+            ):
+                state.savepoints.flush(state.connection)
             call = functools.partial(original, self, *args, **kwargs)
             return _judged(state, alias, sql, self, call)
 

@@ -661,8 +661,8 @@ def test_refused_release_surfacing_in_a_caught_block_inside_a_healing_block() ->
 
     plain, keyed = same(work)
     assert plain[0].startswith("raised") and plain[1] == [], plain
-    # Raised too, and nothing committed (the library names the refused release).
-    assert keyed[0] == "raised CannotBeAtomic", keyed
+    # Rolled back too, and nothing committed.
+    assert keyed[0] == "raised WorkRolledBack", keyed
     assert keyed[1] == [], keyed
 
 

@@ -1,4 +1,5 @@
-"""Savepoints without cursors: blocks in async work (aonce) and in work on several threads."""
+"""Savepoints without cursors: blocks in async work (aonce) and in work on
+several threads."""
 
 from __future__ import annotations
 

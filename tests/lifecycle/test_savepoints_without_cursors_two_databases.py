@@ -1,4 +1,5 @@
-"""Savepoints without cursors: blocks on a second alias interleaved with the claim's database."""
+"""Savepoints without cursors: blocks on a second alias interleaved with the
+claim's database."""
 
 from __future__ import annotations
 

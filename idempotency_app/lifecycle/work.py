@@ -410,7 +410,8 @@ def _savepoints_without_cursors(state: _WorkState, guard: Callable[..., Any]) ->
     guard then does with it (``_Savepoints``). Only where nobody could see
     the difference: the guard is the connection's one execute wrapper,
     Django makes cursors its own way and logs no queries, and no agent has
-    replaced ``CursorWrapper.execute`` (each would have seen the statement).
+    replaced or wrapped ``CursorWrapper.execute`` or the driver cursor's
+    ``execute`` (each would have seen the statement).
     Elsewhere, and for the library's own blocks, Django's methods run. The
     connection's ``_savepoint`` and ``_savepoint_commit`` are Django's
     private hooks, the same from 4.2 to 6.1 (``tests/lifecycle/

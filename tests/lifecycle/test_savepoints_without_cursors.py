@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,47 +19,13 @@ from django.db import (
     transaction,
 )
 
-from idempotency_app import service
 from idempotency_app.exceptions import WorkRolledBack
 from idempotency_app.models import IdempotencyRecord
 from tests.conftest import charge_labels as labels
+from tests.lifecycle.test_held_release_attacks import once, outcome, same
 from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
-
-SCOPE = "tests:savepoints-without-cursors"
-
-
-def once(key: str, work: Callable[[], Any]) -> Any:
-    with service.once(SCOPE, key, "tests.savepoints_without_cursors") as run:
-        if run.should_execute:
-            run.result = work()
-    return run.result
-
-
-def outcome(work: Callable[[], Any], keyed: bool) -> tuple[Any, list[str]]:
-    key = str(uuid.uuid4())
-    try:
-        if keyed:
-            result: Any = once(key, work)
-        else:
-            with transaction.atomic():
-                result = work()
-    except Exception as exc:
-        result = f"raised {type(exc).__name__}"
-    committed = labels()
-    Charge.objects.all().delete()
-    if keyed and isinstance(result, str) and result.startswith("raised"):
-        # never a stored success for work that failed
-        rec = IdempotencyRecord.objects.filter(key=key).first()
-        assert rec is None or rec.status != "completed", (result, rec and rec.status)
-    return result, committed
-
-
-def same(work: Callable[[], Any]) -> tuple[Any, Any]:
-    plain = outcome(work, keyed=False)
-    keyed = outcome(work, keyed=True)
-    return plain, keyed
 
 
 def _no_instance_hooks() -> None:

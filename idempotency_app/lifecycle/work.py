@@ -53,6 +53,7 @@ from idempotency_app.store import Identity
 from idempotency_app.store.base import keeps_a_cursor
 from idempotency_app.store.postgresql import (
     begin_with,
+    carries_statements_on,
     in_open_transaction,
     makes_text_cursors,
     send_at_once,
@@ -254,11 +255,17 @@ class _Savepoints:
         try:
             send_at_once(connection, "; ".join([*held, sql]))
         except Exception as exc:
-            if _refused_before_sending(exc):
-                self.held[:0] = held  # still to send
-            _release_refused(held, exc)
+            self.failed_with(held, exc)
             raise
         return True
+
+    def failed_with(self, held: list[str], exc: BaseException) -> None:
+        """``held`` went in front of a statement that failed with ``exc``:
+        given back if the server never answered, and a release it refused
+        rolls the work back (``_release_refused``)."""
+        if _refused_before_sending(exc):
+            self.held[:0] = held  # still to send
+        _release_refused(held, exc)
 
 
 def send_alone(connection: Any, releases: list[str]) -> None:
@@ -430,8 +437,7 @@ def _savepoints_without_cursors(state: _WorkState, guard: Callable[..., Any]) ->
             and not _suspended.get()
             and _django_executes()
             and keeps_a_cursor(connection)
-            and connection.connection is not None
-            and not connection.connection.pgconn.pipeline_status
+            and carries_statements_on(connection.connection)
             and _psycopg_executes(connection.connection)
         )
 
@@ -536,9 +542,7 @@ def _with_savepoints(
     try:
         result = execute(sent, params, many, context)
     except Exception as exc:
-        if _refused_before_sending(exc):
-            savepoints.held[:0] = held  # still to send
-        _release_refused(held, exc)
+        savepoints.failed_with(held, exc)
         raise
     for _ in held:
         context["cursor"].cursor.nextset()

@@ -162,7 +162,7 @@ class Backend(base.Backend):
         commit then finds nothing to do. Any error then leaves it to the
         caller to read back what committed."""
         connection = connections[self.using]
-        if not _carries_statements(connection.connection):
+        if not carries_statements_on(connection.connection):
             return super().complete(identity, token, response, ttl, commit, before)
         params = self.complete_params(identity, token, response, ttl)
         sql = self.complete_commit_sql if commit else self.complete_sql
@@ -178,7 +178,7 @@ class Backend(base.Backend):
         return bool(cursor.rowcount == 1)
 
     def carries_statements(self) -> bool:
-        return _carries_statements(connections[self.using].connection)
+        return carries_statements_on(connections[self.using].connection)
 
     def adapt(self, cursor: Any) -> None:
         """A cursor that binds parameters on the server (Django's
@@ -206,7 +206,7 @@ class Backend(base.Backend):
         return str(row[0])
 
 
-def _carries_statements(raw: Any) -> bool:
+def carries_statements_on(raw: Any) -> bool:
     """Whether the driver connection ``raw`` sends several statements in
     one message (psycopg 3's client-side cursors, outside pipeline mode)."""
     return (
@@ -311,16 +311,16 @@ def begin_with(connection: Any, statement: str) -> bool:
     """Open the transaction with ``statement`` (the work's first SAVEPOINT)
     in the BEGIN's own round trip, where psycopg would send BEGIN alone and
     then the statement; False, sending nothing, unless the transaction is
-    not open yet and opens with a plain BEGIN (``opens_plainly``). It is
+    not open yet and opens with a plain BEGIN (``_opens_plainly``). It is
     sent at once, so no statement can slip in before it, through libpq's own
     call: psycopg would send its BEGIN first."""
-    if not opens_plainly(connection.connection):
+    if not _opens_plainly(connection.connection):
         return False
     send_at_once(connection, "BEGIN; " + statement)
     return True
 
 
-def opens_plainly(raw: Any) -> bool:
+def _opens_plainly(raw: Any) -> bool:
     """Whether psycopg would open a transaction before the next statement,
     with a plain BEGIN (no isolation level, read-only or deferrable setting
     on the connection)."""

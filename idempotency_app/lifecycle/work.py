@@ -38,26 +38,25 @@ import contextlib
 import contextvars
 import functools
 import re
-import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
-from django.db.backends.utils import CursorWrapper
 from django.db.transaction import Atomic
 
 from idempotency_app.exceptions import CannotBeAtomic, TransactionEnded
 from idempotency_app.lifecycle import drivers, statements
 from idempotency_app.store import Identity
-from idempotency_app.store.base import keeps_a_cursor
 from idempotency_app.store.postgresql import (
+    GUARDED_CLASS,
     begin_with,
-    carries_statements_on,
     in_open_transaction,
     makes_text_cursors,
+    psycopg_executes,
     send_at_once,
     sends_text,
+    sent_unseen,
 )
 
 
@@ -435,10 +434,7 @@ def _savepoints_without_cursors(state: _WorkState, guard: Callable[..., Any]) ->
             len(wrappers) == 1
             and wrappers[0] is guard
             and not _suspended.get()
-            and _django_executes()
-            and keeps_a_cursor(connection)
-            and carries_statements_on(connection.connection)
-            and _psycopg_executes(connection.connection)
+            and sent_unseen(connection)
         )
 
     def create(sid: str) -> None:
@@ -468,34 +464,6 @@ def _savepoints_without_cursors(state: _WorkState, guard: Callable[..., Any]) ->
                 delattr(connection, name)
             else:
                 setattr(connection, name, method)
-
-
-def _django_executes() -> bool:
-    """Whether ``CursorWrapper.execute`` is still Django's own function, not
-    an APM agent's replacement or wrapper."""
-    return _own_function(vars(CursorWrapper).get("execute"), CursorWrapper.__module__)
-
-
-def _psycopg_executes(raw: Any) -> bool:
-    """Whether the driver connection's cursors run statements through
-    psycopg's own ``execute`` (the guard's cursor class aside): no agent
-    traces them at the driver (OpenTelemetry's psycopg instrumentation, for
-    one), so a statement sent through libpq's own call is missed by nobody."""
-    factory: Any = getattr(raw, "cursor_factory", None)
-    if getattr(factory, "__module__", None) == __name__:  # _guarded_cursor's class
-        factory = factory.__mro__[1]
-    return _own_function(getattr(factory, "execute", None), "psycopg.cursor")
-
-
-def _own_function(function: Any, module: str) -> bool:
-    """Whether ``function`` is a plain function of ``module``: not an agent's
-    replacement, nor a wrapper (wrapt's proxies, or ``functools.wraps``,
-    which copies the module's name but leaves ``__wrapped__``)."""
-    return (
-        type(function) is types.FunctionType
-        and function.__module__ == module
-        and not hasattr(function, "__wrapped__")
-    )
 
 
 def _may_reorder(guard: Callable[..., Any], connection: Any) -> bool:
@@ -533,7 +501,7 @@ def _with_savepoints(
             and params is None
             and isinstance(sql, str)
             and _DJANGO_SAVEPOINT.fullmatch(sql)
-            and _psycopg_executes(context["connection"].connection)
+            and psycopg_executes(context["connection"].connection)
             and begin_with(context["connection"], sql)
         ):
             return context["cursor"].cursor
@@ -684,4 +652,4 @@ def _guarded_cursor(
         return method
 
     namespace = {name: judging(name, sql_of) for name, sql_of in methods}
-    return type(base.__name__, (base,), {**namespace, "__module__": __name__})
+    return type(base.__name__, (base,), {**namespace, "__module__": __name__, GUARDED_CLASS: base})

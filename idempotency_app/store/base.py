@@ -460,13 +460,19 @@ def statement_cursor(connection: Any) -> Any:
     connection.close_if_health_check_failed()
     connection.ensure_connection()
     connection.validate_thread_sharing()
+    return connection.make_cursor(kept_cursor(connection))
+
+
+def kept_cursor(connection: Any) -> Any:
+    """The driver's cursor the open ``connection`` keeps for the store's
+    statements (``statement_cursor``)."""
     raw = connection.connection
     kept = vars(connection).get(_KEPT_CURSOR)
     if kept is None or kept[0] is not raw:
         with connection.wrap_database_errors:
             kept = (raw, connection.create_cursor(None))
         setattr(connection, _KEPT_CURSOR, kept)
-    return connection.make_cursor(kept[1])
+    return kept[1]
 
 
 def keeps_a_cursor(connection: Any) -> bool:
@@ -477,7 +483,7 @@ def keeps_a_cursor(connection: Any) -> bool:
     other's results)."""
     return (
         _makes_cursors_as_django_does(connection.__class__)
-        and not any(name in vars(connection) for name in _CURSOR_METHODS)
+        and vars(connection).keys().isdisjoint(_CURSOR_METHODS)
         and not connection.queries_logged
         and not connection.allow_thread_sharing
     )

@@ -5,14 +5,23 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import types
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 from django.db import ProgrammingError, connections, transaction
+from django.db.backends.utils import CursorWrapper
 
 from idempotency_app.store import base
-from idempotency_app.store.base import CLAIMED, Claimed, Existing, Identity, StoredResponse
+from idempotency_app.store.base import (
+    CLAIMED,
+    Claimed,
+    Existing,
+    Identity,
+    StoredResponse,
+    keeps_a_cursor,
+)
 
 # What the completion sent with its COMMIT fails with when it matches no row:
 # the failure skips the COMMIT, so the work rolls back.
@@ -37,6 +46,11 @@ CLAIM_ARGUMENTS = (
 # What a call of a function that is gone or not ours to call fails with.
 UNCALLABLE = frozenset({"42883", "42501"})  # undefined_function, insufficient_privilege
 _CLAIM_SIGNATURE = f"{CLAIM_FUNCTION}(text,text,text,text,text,float8,float8,float8,float8,boolean)"
+# The claim function's argument types, as libpq takes them (text, float8).
+_CLAIM_TYPES = (25,) * 5 + (701,) * 4
+# The attribute on the statement guard's cursor class that names the
+# driver's class it guards (``lifecycle.work.guard_raw_cursors``).
+GUARDED_CLASS = "_idempotency_guarded_class"
 
 
 class Backend(base.Backend):
@@ -65,6 +79,11 @@ class Backend(base.Backend):
         arguments = ", ".join(f"%({name})s" for name in CLAIM_ARGUMENTS)
         self.claim_calls = {
             alone: f"SELECT * FROM {CLAIM_FUNCTION}({arguments}, {alone})"
+            for alone in (False, True)
+        }
+        numbered = ", ".join(f"${n}" for n in range(1, len(CLAIM_ARGUMENTS) + 1))
+        self.unseen_claim_calls = {
+            alone: f"SELECT * FROM {CLAIM_FUNCTION}({numbered}, {alone})".encode()
             for alone in (False, True)
         }
         self.claims_by_function: bool | None = None
@@ -101,12 +120,17 @@ class Backend(base.Backend):
         connection = connections[self.using]
         alone = base.runs_alone(connection)
         params = self.claim_params(identity, token, ttl, lease)
-        cursor = _preparing_cursor(connection)
-        self.adapt(cursor.cursor)
+        # Connected first: the claim statement is chosen on the open connection.
+        cursor = None if _claims_unseen(connection, params) else _preparing_cursor(connection)
         sql = self.claim_statement(alone)
         try:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
+            if cursor is None and sql == self.claim_calls[alone]:
+                row = self._call_unseen(connection, alone, params)
+            else:
+                cursor = cursor or _preparing_cursor(connection)
+                self.adapt(cursor.cursor)
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
         except ProgrammingError as exc:
             code = getattr(exc.__cause__, "sqlstate", None)
             if sql != self.claim_calls[alone] or code not in UNCALLABLE:
@@ -116,12 +140,35 @@ class Backend(base.Backend):
                 raise  # the failed call spoiled the caller's transaction
             # The call failed before the function ran, in a transaction
             # of its own: nothing to undo.
+            cursor = cursor or _preparing_cursor(connection)
+            self.adapt(cursor.cursor)
             cursor.execute(self.claim_statement(alone), params)
             row = cursor.fetchone()
         if row is None:
             # Lost the race to a row this statement's snapshot cannot see yet.
             return self.fetch(identity)
         return CLAIMED if row[0] is None else self.found(row)
+
+    def _call_unseen(self, connection: Any, alone: bool, params: dict[str, Any]) -> Any:
+        """The claim function's row, called through libpq's own call with
+        its arguments apart from the text (``_claims_unseen``): no Django
+        or psycopg cursor to pass through, which costs several times what
+        the call itself does. Its row is read as psycopg reads a cursor's."""
+        from psycopg import pq
+        from psycopg.adapt import Transformer
+
+        raw = connection.connection
+        values = [str(params[name]).encode() for name in CLAIM_ARGUMENTS]
+        with connection.wrap_database_errors:
+            result = raw.pgconn.exec_params(self.unseen_claim_calls[alone], values, _CLAIM_TYPES)
+            _raise_for(raw, result, pq.ExecStatus.TUPLES_OK)
+        if not result.ntuples:
+            return None
+        if result.get_value(0, 0) is None:
+            return (None,)
+        rows = Transformer.from_context(raw)
+        rows.set_pgresult(result)
+        return rows.load_row(0, tuple)
 
     def _give_up_the_function(self, exc: Exception) -> None:
         """The function is gone, or this session cannot call it (a migration
@@ -166,6 +213,8 @@ class Backend(base.Backend):
             return super().complete(identity, token, response, ttl, commit, before)
         params = self.complete_params(identity, token, response, ttl)
         sql = self.complete_commit_sql if commit else self.complete_sql
+        if _sends_unseen_in_transaction(connection):
+            return _complete_unseen(connection, before, sql, params, commit)
         cursor = base.statement_cursor(connection)
         if before:
             cursor.execute(*_joined(cursor.cursor, before, sql, params))
@@ -213,6 +262,117 @@ def carries_statements_on(raw: Any) -> bool:
         raw is not None
         and makes_text_cursors(getattr(raw, "cursor_factory", None))
         and raw.pgconn.pipeline_status == 0
+    )
+
+
+def sent_unseen(connection: Any) -> bool:
+    """Whether a statement of the library's sent through libpq's own call,
+    past Django's cursor and psycopg's, is missed by nobody: Django makes
+    cursors its own way and logs no queries (``keeps_a_cursor``); no agent
+    has replaced or wrapped ``CursorWrapper.execute`` or the driver cursor's
+    ``execute``; psycopg binds as text, outside pipeline mode; and the
+    session speaks UTF-8. Execute wrappers are the caller's to check."""
+    return keeps_a_cursor(connection) and _unseen_by_agents(connection.connection)
+
+
+def _unseen_by_agents(raw: Any) -> bool:
+    """``sent_unseen`` but for Django's cursors, and a session in UTF-8
+    (what the library's statements are encoded in when sent this way)."""
+    return (
+        carries_statements_on(raw)
+        and django_executes()
+        and psycopg_executes(raw)
+        and not raw.closed  # its errors are Django's to raise, from its own call
+        and raw.pgconn.parameter_status(b"client_encoding") == b"UTF8"
+    )
+
+
+def _sends_unseen_in_transaction(connection: Any) -> bool:
+    """Whether a statement can go through libpq's own call into the open
+    transaction: no execute wrapper, ``sent_unseen``, and a transaction
+    open and not failed (psycopg would send nothing first)."""
+    if connection.execute_wrappers or not _checked_as_by_cursor(connection):
+        return False
+    raw = connection.connection
+    return in_open_transaction(raw) and _unseen_by_agents(raw)
+
+
+def _complete_unseen(
+    connection: Any, before: Sequence[str], sql: str, params: dict[str, Any], commit: bool
+) -> bool:
+    """The completion (``before`` in front, the COMMIT after it with
+    ``commit``) as one message through libpq's own call, bound as text by
+    psycopg as its cursor would: whether it matched the claim. libpq
+    answers with the last statement's result, or the first that failed."""
+    from psycopg import pq
+
+    raw = connection.connection
+    message = "; ".join([*before, base.kept_cursor(connection).mogrify(sql, params)])
+    with connection.wrap_database_errors:
+        result = raw.pgconn.exec_(message.encode())
+        _raise_for(raw, result, pq.ExecStatus.COMMAND_OK)
+    return commit or result.command_tuples == 1
+
+
+def _checked_as_by_cursor(connection: Any) -> bool:
+    """Check the connection as Django does before it makes a cursor or
+    runs a statement, connecting it if need be; False where Django would
+    not keep a cursor of its own (``keeps_a_cursor``)."""
+    if not keeps_a_cursor(connection):
+        return False
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    connection.validate_no_broken_transaction()
+    return True
+
+
+def _claims_unseen(connection: Any, params: dict[str, Any]) -> bool:
+    """Whether the claim function can be called through libpq's own call:
+    nobody would miss the statement (no execute wrapper, ``sent_unseen``);
+    the connection is open, checked as Django's cursor checks it, and would
+    send nothing first (autocommit, or a transaction already open); it
+    prepares nothing (``prepare_threshold`` unset, Django's default); and
+    no argument holds a NUL, which libpq would
+    cut it at (psycopg refuses it: the cursor's way raises as before)."""
+    if connection.execute_wrappers or not _checked_as_by_cursor(connection):
+        return False
+    raw = connection.connection
+    return (
+        raw.prepare_threshold is None
+        and (raw.autocommit or in_open_transaction(raw))
+        and _unseen_by_agents(raw)
+        and "\x00" not in "".join([params[name] for name in CLAIM_ARGUMENTS[:5]])
+    )
+
+
+def django_executes() -> bool:
+    """Whether ``CursorWrapper.execute`` is still Django's own function, not
+    an APM agent's replacement or wrapper."""
+    return _own_function(vars(CursorWrapper).get("execute"), CursorWrapper.__module__)
+
+
+def psycopg_executes(raw: Any) -> bool:
+    """Whether the driver connection's cursors run statements through
+    psycopg's own ``execute`` (the statement guard's cursor class aside): no
+    agent traces them at the driver (OpenTelemetry's psycopg
+    instrumentation, for one), so a statement sent through libpq's own call
+    is missed by nobody."""
+    factory: Any = getattr(raw, "cursor_factory", None)
+    factory = getattr(factory, "__dict__", {}).get(GUARDED_CLASS, factory)  # not a subclass's
+    return _own_function(getattr(factory, "execute", None), "psycopg.cursor")
+
+
+@functools.lru_cache(maxsize=64)
+def _own_function(function: Any, module: str) -> bool:
+    """Whether ``function`` is a plain function of ``module``: not an agent's
+    replacement, nor a wrapper (wrapt's proxies, or ``functools.wraps``,
+    which copies the module's name but leaves ``__wrapped__``). Answered
+    once per function: an agent's replacement or wrapper is another one."""
+    return (
+        type(function) is types.FunctionType
+        and function.__module__ == module
+        and not hasattr(function, "__wrapped__")
     )
 
 
@@ -347,13 +507,20 @@ def send_at_once(connection: Any, sql: str) -> None:
     call, raising what psycopg would: no cursor to make, and nothing psycopg
     adds in front. Its transaction handling reads the session's status from
     libpq, so a BEGIN sent here is psycopg's transaction too."""
-    from psycopg import OperationalError, errors, pq
+    from psycopg import pq
 
     raw = connection.connection
-    pgconn = raw.pgconn
     with connection.wrap_database_errors:
-        result = pgconn.exec_(sql.encode())
-        if result.status != pq.ExecStatus.COMMAND_OK:
-            if pgconn.status != pq.ConnStatus.OK:
-                raise OperationalError(pgconn.get_error_message(raw.info.encoding))
-            raise errors.error_from_result(result, encoding=raw.info.encoding)
+        _raise_for(raw, raw.pgconn.exec_(sql.encode()), pq.ExecStatus.COMMAND_OK)
+
+
+def _raise_for(raw: Any, result: Any, expected: Any) -> None:
+    """Raise what psycopg would for a ``result`` of libpq's own call that
+    is not of the ``expected`` status."""
+    from psycopg import OperationalError, errors, pq
+
+    if result.status == expected:
+        return
+    if raw.pgconn.status != pq.ConnStatus.OK:
+        raise OperationalError(raw.pgconn.get_error_message(raw.info.encoding))
+    raise errors.error_from_result(result, encoding=raw.info.encoding)

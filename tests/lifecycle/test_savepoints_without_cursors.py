@@ -574,7 +574,7 @@ def test_killed_backend_key_state_matches_django_path(
     must leave the same answer as Django's cursor path."""
     import time
 
-    from idempotency_app.lifecycle import work as work_mod
+    from idempotency_app.store import postgresql
 
     def work() -> str:
         if where == "after_block":
@@ -591,7 +591,7 @@ def test_killed_backend_key_state_matches_django_path(
     results = []
     for bypass in (True, False):
         if not bypass:
-            monkeypatch.setattr(work_mod, "_django_executes", lambda: False)
+            monkeypatch.setattr(postgresql, "django_executes", lambda: False)
         key = str(uuid.uuid4())
         try:
             once(key, work)

@@ -158,7 +158,10 @@ class Backend(base.Backend):
         from psycopg.adapt import Transformer
 
         raw = connection.connection
-        values = [str(params[name]).encode() for name in CLAIM_ARGUMENTS]
+        # Each by its value, as psycopg binds it: str() of a str subclass (a
+        # ``(str, Enum)`` member) need not be its value.
+        texts = [str.encode(params[name]) for name in CLAIM_ARGUMENTS[:5]]
+        values = texts + [repr(float(params[name])).encode() for name in CLAIM_ARGUMENTS[5:]]
         with connection.wrap_database_errors:
             result = raw.pgconn.exec_params(self.unseen_claim_calls[alone], values, _CLAIM_TYPES)
             _raise_for(raw, result, pq.ExecStatus.TUPLES_OK)

@@ -190,13 +190,14 @@ def in_transaction(using: str) -> bool:
 
 
 @signals.timed(signals.claim_timed)
-def claim(identity: Identity, policy: Policy) -> Claim | Replay:
+def claim(identity: Identity, policy: Policy, connection: Any = None) -> Claim | Replay:
     """The key for this worker, or the response stored for it.
 
     Raises ``KeyInProgress`` while another worker holds it (after waiting up
     to ``policy.wait``), ``KeyReused`` when it was used for another request,
     ``OutcomeUnknown`` when its work was interrupted, ``StoreUnavailable``
-    when the database cannot answer.
+    when the database cannot answer. ``connection``: this thread's
+    connection to ``policy.using``, where the caller holds it already.
 
     A lock timeout or deadlock while claiming means another request holds the
     key's row inside a transaction: that is a 409, not an outage. Outside a
@@ -216,7 +217,7 @@ def claim(identity: Identity, policy: Policy) -> Claim | Replay:
     reconnected = False
     while True:
         try:
-            return _claim(identity, policy, deadline, token)
+            return _claim(identity, policy, deadline, token, connection)
         except Error as exc:
             nested = in_transaction(policy.using)
             if connections[policy.using].in_atomic_block:
@@ -261,9 +262,12 @@ def takeover(found: Existing, identity: Identity) -> str | None:
     return None
 
 
-def _claim(identity: Identity, policy: Policy, deadline: float, token: str) -> Claim | Replay:
+def _claim(
+    identity: Identity, policy: Policy, deadline: float, token: str, connection: Any
+) -> Claim | Replay:
     records = store.backend(policy.using)
-    connection = connections[policy.using]
+    if connection is None:
+        connection = connections[policy.using]
     nested = not runs_alone(connection)
     blocks = connection.atomic_blocks
     read_since = replays.generation()
@@ -275,7 +279,7 @@ def _claim(identity: Identity, policy: Policy, deadline: float, token: str) -> C
         return AtomicClaim(identity, token, policy, guarded=guarded)
 
     for _ in range(MAX_CLAIM_ATTEMPTS):
-        found = records.claim(identity, token, policy.ttl, policy.lease)
+        found = records.claim(identity, token, policy.ttl, policy.lease, connection)
         while isinstance(found, Existing):
             if found.token == token:
                 break  # our own INSERT or takeover, whose answer was lost

@@ -49,11 +49,11 @@ from idempotency_app.lifecycle.claims import (
     Policy,
     Replay,
     claim,
-    in_transaction,
 )
 from idempotency_app.lifecycle.drivers import is_lock_conflict, is_outage
 from idempotency_app.lifecycle.work import UnitAtomic
 from idempotency_app.store import Existing, Identity, StoredResponse
+from idempotency_app.store.base import runs_alone
 
 logger = logging.getLogger("idempotency_app")
 
@@ -121,9 +121,10 @@ def claimed(identity: Identity, policy: Policy) -> Iterator[Claim | Replay]:
     """The claim's decision, for the body to run the work under. Inside a
     transaction the claim, the work and the completion share one savepoint,
     so letting go is its rollback."""
-    nested = in_transaction(policy.using)
+    connection = connections[policy.using]
+    nested = not runs_alone(connection)
     with UnitAtomic(policy.using) if nested else contextlib.nullcontext():
-        yield claim(identity, policy)
+        yield claim(identity, policy, connection)
 
 
 def execute(held: Claim, work: Callable[[], T], settle: Settle[T]) -> Executed[T]:
@@ -147,20 +148,22 @@ class Unit(Generic[T]):
         # What finish() left for complete() to store, and when it was sent.
         self.pending: StoredResponse | None = None
         self.sent_at = 0.0
+        # The claim's connection in this thread, once the work runs.
+        self.connection: Any = None
 
     def finish(self, value: T, response: StoredResponse | Marked | None) -> None:
         """Inside the work's transaction: keep ``response`` for ``complete``,
         or (None, MARKED) mark the transaction for rollback."""
-        held = self.held
+        connection = self.connection
         self.value = value
         if response is None or isinstance(response, Marked):
-            transaction.set_rollback(True, using=held.using)
+            connection.set_rollback(True)
             self.result = Executed(value, None)
             self.marked = isinstance(response, Marked)
             return
-        if transaction.get_rollback(using=held.using) or work.rolled_back_by_the_server():
-            transaction.set_rollback(True, using=held.using)
-            self.failure = WorkRolledBack(held.key, value)
+        if connection.get_rollback() or work.rolled_back_by_the_server():
+            connection.set_rollback(True)
+            self.failure = WorkRolledBack(self.held.key, value)
             return
         self.pending = response
 
@@ -177,13 +180,20 @@ class Unit(Generic[T]):
             return  # rolled back: nothing of the work is kept
         commits = isinstance(held, AtomicClaim)
         records = store.backend(held.using)
-        if unsent and not records.carries_statements():
-            work.send_alone(connections[held.using], unsent)
+        connection = self.connection
+        if unsent and not records.carries_statements(connection):
+            work.send_alone(connection, unsent)
             unsent = []
         self.sent_at = time.monotonic()  # the record's TTL runs from about here
         try:
             completed = records.complete(
-                held.identity, held.token, response, held.policy.ttl, commit=commits, before=unsent
+                held.identity,
+                held.token,
+                response,
+                held.policy.ttl,
+                commit=commits,
+                before=unsent,
+                connection=connection,
             )
         except DatabaseError as exc:
             transaction.set_rollback(True, using=held.using)
@@ -246,6 +256,7 @@ def unit_of_work(held: Claim) -> Iterator[Unit[Any]]:
     try:
         with held.transaction():
             with _mark_running(held), work.confined(held.identity, held.using) as confinement:
+                unit.connection = confinement.connection
                 yield unit
                 if unit.pending is None and unit.result is None and unit.failure is None:
                     raise RuntimeError("The work ended without calling finish().")

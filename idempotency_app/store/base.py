@@ -258,11 +258,14 @@ class Backend:
         """Refuse, before any query, what the connection would store mangled."""
 
     def claim(
-        self, identity: Identity, token: str, ttl: float, lease: float
+        self, identity: Identity, token: str, ttl: float, lease: float, connection: Any = None
     ) -> Existing | Claimed | None:
         """Claim the key with ``token``: CLAIMED, or the record that holds
         the key, or None when that record was released between our INSERT
-        and our read (try again)."""
+        and our read (try again). ``connection``: this thread's connection
+        to ``using`` where the caller holds it already (as here and in
+        ``complete``; looking it up costs as much Python as a short
+        statement)."""
         raise NotImplementedError
 
     def claim_params(
@@ -306,6 +309,7 @@ class Backend:
         ttl: float,
         commit: bool = False,
         before: Sequence[str] = (),
+        connection: Any = None,
     ) -> bool:
         """Mark the claim completed; False when ``token`` no longer holds it.
         ``commit``: the caller's transaction commits next, and the backend
@@ -315,11 +319,11 @@ class Backend:
         message; given only where ``carries_statements()``."""
         assert not before, "only a backend that carries statements takes them"
         rowcount, _ = self.execute(
-            self.complete_sql, self.complete_params(identity, token, response, ttl)
+            self.complete_sql, self.complete_params(identity, token, response, ttl), connection
         )
         return rowcount == 1
 
-    def carries_statements(self) -> bool:
+    def carries_statements(self, connection: Any = None) -> bool:
         """Whether ``complete()`` can send other statements in front of the
         completion, in the same message (and the COMMIT after it)."""
         return False

@@ -54,14 +54,16 @@ class Backend(base.Backend):
             base.refuse_unstorable(identity, self.using)
 
     def claim(
-        self, identity: Identity, token: str, ttl: float, lease: float
+        self, identity: Identity, token: str, ttl: float, lease: float, connection: Any = None
     ) -> Existing | Claimed | None:
         params = self.claim_params(identity, token, ttl, lease)
-        if base.runs_alone(connections[self.using]) and self.returns_rows():
-            _, row = self.execute(self.claim_alone_sql, params)
+        if connection is None:
+            connection = connections[self.using]
+        if base.runs_alone(connection) and self.returns_rows():
+            _, row = self.execute(self.claim_alone_sql, params, connection)
             return CLAIMED if row[0] == token else self.found(row)
         try:
-            self.execute(self.claim_sql, params)
+            self.execute(self.claim_sql, params, connection)
         except IntegrityError as exc:
             cause = exc.__cause__
             if not (cause is not None and cause.args and cause.args[0] == DUPLICATE_KEY):

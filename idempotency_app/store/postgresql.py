@@ -115,9 +115,10 @@ class Backend(base.Backend):
         return contextlib.nullcontext()
 
     def claim(
-        self, identity: Identity, token: str, ttl: float, lease: float
+        self, identity: Identity, token: str, ttl: float, lease: float, connection: Any = None
     ) -> Existing | Claimed | None:
-        connection = connections[self.using]
+        if connection is None:
+            connection = connections[self.using]
         alone = base.runs_alone(connection)
         params = self.claim_params(identity, token, ttl, lease)
         # Connected first: the claim statement is chosen on the open connection.
@@ -204,6 +205,7 @@ class Backend(base.Backend):
         ttl: float,
         commit: bool = False,
         before: Sequence[str] = (),
+        connection: Any = None,
     ) -> bool:
         """Where the driver sends statements as text (psycopg 3's client-side
         binding, Django's default, outside pipeline mode), ``before`` goes in
@@ -211,9 +213,10 @@ class Backend(base.Backend):
         the COMMIT after it: one round trip instead of two, and Django's own
         commit then finds nothing to do. Any error then leaves it to the
         caller to read back what committed."""
-        connection = connections[self.using]
+        if connection is None:
+            connection = connections[self.using]
         if not carries_statements_on(connection.connection):
-            return super().complete(identity, token, response, ttl, commit, before)
+            return super().complete(identity, token, response, ttl, commit, before, connection)
         params = self.complete_params(identity, token, response, ttl)
         sql = self.complete_commit_sql if commit else self.complete_sql
         if _sends_unseen_in_transaction(connection):
@@ -229,8 +232,8 @@ class Backend(base.Backend):
             cursor.nextset()  # to the completion's own result
         return bool(cursor.rowcount == 1)
 
-    def carries_statements(self) -> bool:
-        return carries_statements_on(connections[self.using].connection)
+    def carries_statements(self, connection: Any = None) -> bool:
+        return carries_statements_on((connection or connections[self.using]).connection)
 
     def adapt(self, cursor: Any) -> None:
         """A cursor that binds parameters on the server (Django's

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from idempotency_app.store import base
 from idempotency_app.store.base import CLAIMED, Claimed, Existing, Identity
 
@@ -18,9 +20,10 @@ class Backend(base.Backend):
         )
 
     def claim(
-        self, identity: Identity, token: str, ttl: float, lease: float
+        self, identity: Identity, token: str, ttl: float, lease: float, connection: Any = None
     ) -> Existing | Claimed | None:
-        rowcount, _ = self.execute(self.claim_sql, self.claim_params(identity, token, ttl, lease))
+        params = self.claim_params(identity, token, ttl, lease)
+        rowcount, _ = self.execute(self.claim_sql, params, connection)
         return CLAIMED if rowcount == 1 else self.fetch(identity)
 
     def renews_in_place(self) -> bool:

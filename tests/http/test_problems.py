@@ -35,7 +35,7 @@ def reused(api: APIClient, key: str, url: str = "/charges/") -> Any:
 def in_progress(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every claim finds the key held by a request still running."""
 
-    def held_elsewhere(identity: Any, policy: Any) -> Any:
+    def held_elsewhere(identity: Any, *args: Any) -> Any:
         raise KeyInProgress(identity.key)
 
     monkeypatch.setattr(units, "claim", held_elsewhere)

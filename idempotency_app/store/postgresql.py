@@ -293,14 +293,22 @@ def _unseen_by_agents(raw: Any) -> bool:
     )
 
 
+def _past_the_cursor(connection: Any) -> bool:
+    """Whether nobody would miss a statement sent now through libpq's own
+    call: no execute wrapper, and ``sent_unseen`` once the connection is
+    open and checked as Django's cursor would check it."""
+    return (
+        not connection.execute_wrappers
+        and _checked_as_by_cursor(connection)
+        and _unseen_by_agents(connection.connection)
+    )
+
+
 def _sends_unseen_in_transaction(connection: Any) -> bool:
-    """Whether a statement can go through libpq's own call into the open
-    transaction: no execute wrapper, ``sent_unseen``, and a transaction
-    open and not failed (psycopg would send nothing first)."""
-    if connection.execute_wrappers or not _checked_as_by_cursor(connection):
-        return False
-    raw = connection.connection
-    return in_open_transaction(raw) and _unseen_by_agents(raw)
+    """Whether the completion can go through libpq's own call: nobody would
+    miss it (``_past_the_cursor``), and a transaction is open and has not
+    failed (psycopg would send nothing first)."""
+    return _past_the_cursor(connection) and in_open_transaction(connection.connection)
 
 
 def _complete_unseen(
@@ -335,19 +343,17 @@ def _checked_as_by_cursor(connection: Any) -> bool:
 
 def _claims_unseen(connection: Any, params: dict[str, Any]) -> bool:
     """Whether the claim function can be called through libpq's own call:
-    nobody would miss the statement (no execute wrapper, ``sent_unseen``);
-    the connection is open, checked as Django's cursor checks it, and would
+    nobody would miss the statement (``_past_the_cursor``); psycopg would
     send nothing first (autocommit, or a transaction already open); it
-    prepares nothing (``prepare_threshold`` unset, Django's default); and
-    no argument holds a NUL, which libpq would
-    cut it at (psycopg refuses it: the cursor's way raises as before)."""
-    if connection.execute_wrappers or not _checked_as_by_cursor(connection):
+    prepares nothing (``prepare_threshold`` unset, Django's default); and no
+    argument holds a NUL, which libpq would cut it at (psycopg refuses it:
+    the cursor's way raises as before)."""
+    if not _past_the_cursor(connection):
         return False
     raw = connection.connection
     return (
         raw.prepare_threshold is None
         and (raw.autocommit or in_open_transaction(raw))
-        and _unseen_by_agents(raw)
         and "\x00" not in "".join([params[name] for name in CLAIM_ARGUMENTS[:5]])
     )
 

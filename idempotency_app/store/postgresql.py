@@ -6,7 +6,7 @@ import contextlib
 import functools
 import logging
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -156,21 +156,23 @@ class Backend(base.Backend):
         or psycopg cursor to pass through, which costs several times what
         the call itself does. Its row is read as psycopg reads a cursor's."""
         from psycopg import pq
-        from psycopg.adapt import Transformer
 
         raw = connection.connection
         # Each by its value, as psycopg binds it: str() of a str subclass (a
         # ``(str, Enum)`` member) need not be its value.
         texts = [str.encode(params[name]) for name in CLAIM_ARGUMENTS[:5]]
         values = texts + [repr(float(params[name])).encode() for name in CLAIM_ARGUMENTS[5:]]
+        call = self.unseen_claim_calls[alone]
         with connection.wrap_database_errors:
-            result = raw.pgconn.exec_params(self.unseen_claim_calls[alone], values, _CLAIM_TYPES)
+            result = _exchange(
+                raw, lambda: raw.pgconn.send_query_params(call, values, _CLAIM_TYPES)
+            )
             _raise_for(raw, result, pq.ExecStatus.TUPLES_OK)
         if not result.ntuples:
             return None
         if result.get_value(0, 0) is None:
             return (None,)
-        rows = Transformer.from_context(raw)
+        rows = _row_reader(connection)
         rows.set_pgresult(result)
         return rows.load_row(0, tuple)
 
@@ -275,17 +277,21 @@ def sent_unseen(connection: Any) -> bool:
     """Whether a statement of the library's sent through libpq's own call,
     past Django's cursor and psycopg's, is missed by nobody: Django makes
     cursors its own way and logs no queries (``keeps_a_cursor``); no agent
-    has replaced or wrapped ``CursorWrapper.execute`` or the driver cursor's
-    ``execute``; psycopg binds as text, outside pipeline mode; and the
-    session speaks UTF-8. Execute wrappers are the caller's to check."""
+    has replaced or wrapped ``CursorWrapper.execute``, the driver cursor's
+    ``execute`` or the driver connection itself; psycopg binds as text,
+    outside pipeline mode; and the session speaks UTF-8. Execute wrappers
+    are the caller's to check."""
     return keeps_a_cursor(connection) and _unseen_by_agents(connection.connection)
 
 
 def _unseen_by_agents(raw: Any) -> bool:
-    """``sent_unseen`` but for Django's cursors, and a session in UTF-8
-    (what the library's statements are encoded in when sent this way)."""
+    """``sent_unseen`` but for Django's cursors: psycopg's own connection
+    (not an agent's proxy) whose cursors run psycopg's ``execute``, behind
+    Django's own ``CursorWrapper.execute``, and a session in UTF-8 (what
+    the library's statements are encoded in when sent this way)."""
     return (
-        carries_statements_on(raw)
+        _plain_psycopg_connection(raw)
+        and carries_statements_on(raw)
         and django_executes()
         and psycopg_executes(raw)
         and not raw.closed  # its errors are Django's to raise, from its own call
@@ -321,11 +327,31 @@ def _complete_unseen(
     from psycopg import pq
 
     raw = connection.connection
-    message = "; ".join([*before, base.kept_cursor(connection).mogrify(sql, params)])
+    message = "; ".join([*before, base.kept_cursor(connection).mogrify(sql, params)]).encode()
     with connection.wrap_database_errors:
-        result = raw.pgconn.exec_(message.encode())
+        result = _exchange(raw, lambda: raw.pgconn.send_query(message))
         _raise_for(raw, result, pq.ExecStatus.COMMAND_OK)
     return commit or result.command_tuples == 1
+
+
+# Where a connection keeps the reader of the claim's rows, with the driver
+# connection it belongs to.
+_ROW_READER = "_idempotency_row_reader"
+
+
+def _row_reader(connection: Any) -> Any:
+    """psycopg's reader of result rows (its ``Transformer``, what its
+    cursors read rows with), kept per driver connection as the kept cursor
+    is: a new one makes each column's loader again, as much as the rest
+    of the read."""
+    from psycopg.adapt import Transformer
+
+    raw = connection.connection
+    kept = vars(connection).get(_ROW_READER)
+    if kept is None or kept[0] is not raw:
+        kept = (raw, Transformer.from_context(raw))
+        setattr(connection, _ROW_READER, kept)
+    return kept[1]
 
 
 def _checked_as_by_cursor(connection: Any) -> bool:
@@ -356,6 +382,15 @@ def _claims_unseen(connection: Any, params: dict[str, Any]) -> bool:
         and (raw.autocommit or in_open_transaction(raw))
         and "\x00" not in "".join([params[name] for name in CLAIM_ARGUMENTS[:5]])
     )
+
+
+def _plain_psycopg_connection(raw: Any) -> bool:
+    """Whether ``raw`` is psycopg's own connection, as Django makes it, not
+    an APM agent's proxy around it (Elastic APM, New Relic), whose cursors
+    trace what runs through them."""
+    from psycopg import Connection
+
+    return type(raw) is Connection
 
 
 def django_executes() -> bool:
@@ -522,17 +557,35 @@ def send_at_once(connection: Any, sql: str) -> None:
     from psycopg import pq
 
     raw = connection.connection
+    message = sql.encode()
     with connection.wrap_database_errors:
-        _raise_for(raw, raw.pgconn.exec_(sql.encode()), pq.ExecStatus.COMMAND_OK)
+        result = _exchange(raw, lambda: raw.pgconn.send_query(message))
+        _raise_for(raw, result, pq.ExecStatus.COMMAND_OK)
+
+
+def _exchange(raw: Any, send: Callable[[], None]) -> Any:
+    """Send through libpq's own call and read the last result (or the
+    first that failed), waiting as psycopg's cursors wait: in Python, so
+    that a signal's exception (Ctrl-C, gunicorn's ``SystemExit`` on a worker
+    timeout) cancels the statement rather than wait for the server, and
+    notifications reach the connection's handlers."""
+    from psycopg import generators
+
+    with raw.lock:
+        send()
+        results = raw.wait(generators.execute(raw.pgconn))
+    return results[-1]
 
 
 def _raise_for(raw: Any, result: Any, expected: Any) -> None:
     """Raise what psycopg would for a ``result`` of libpq's own call that
-    is not of the ``expected`` status."""
+    is not of the ``expected`` status: the server's error where it sent one
+    (a session terminated by an administrator is ``AdminShutdown``), else
+    the connection's."""
     from psycopg import OperationalError, errors, pq
 
     if result.status == expected:
         return
-    if raw.pgconn.status != pq.ConnStatus.OK:
+    if result.status != pq.ExecStatus.FATAL_ERROR and raw.pgconn.status != pq.ConnStatus.OK:
         raise OperationalError(raw.pgconn.get_error_message(raw.info.encoding))
     raise errors.error_from_result(result, encoding=raw.info.encoding)

@@ -174,7 +174,10 @@ class Backend(base.Backend):
             return (None,)
         rows = _row_reader(connection)
         rows.set_pgresult(result)
-        return rows.load_row(0, tuple)
+        try:
+            return rows.load_row(0, tuple)
+        finally:
+            rows.set_pgresult(None)  # not kept holding a large replayed body
 
     def _give_up_the_function(self, exc: Exception) -> None:
         """The function is gone, or this session cannot call it (a migration

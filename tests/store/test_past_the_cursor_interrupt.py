@@ -14,7 +14,6 @@ import time
 import uuid
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import connection
 
@@ -32,6 +31,8 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 @pytest.mark.parametrize("through_cursor", [True, False], ids=["cursor", "past"])
 def test_an_interrupted_claim_waiting_on_a_lock_claims_nothing(through_cursor: bool) -> None:
+    import psycopg
+
     connection.ensure_connection()
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
@@ -72,6 +73,8 @@ def test_a_retry_after_an_interrupted_claim_runs(through_cursor: bool) -> None:
     """The consequence through ``service.once``: the interrupted request's
     claim commits after it is gone, and its retry gets KeyInProgress (a 409)
     until the lease lapses."""
+    import psycopg
+
     from idempotency_app import service
     from idempotency_app.exceptions import KeyInProgress
 

@@ -12,7 +12,6 @@ import threading
 import uuid
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import OperationalError, connection
 
@@ -24,6 +23,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 
 
 def _killed_mid_claim(through_cursor: bool) -> Any:
+    import psycopg
+
     connection.ensure_connection()
     pid = connection.connection.info.backend_pid
     params = connection.get_connection_params()
@@ -52,6 +53,8 @@ def _killed_mid_claim(through_cursor: bool) -> Any:
 
 
 def test_a_backend_killed_mid_claim_raises_what_the_cursor_raises() -> None:
+    import psycopg
+
     through_cursor = _killed_mid_claim(True)
     assert through_cursor == (psycopg.errors.AdminShutdown, "57P01")
     assert _killed_mid_claim(False) == through_cursor

@@ -10,7 +10,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import connection
 
@@ -24,6 +23,8 @@ SCOPE = "tests:past-the-cursor-notifies"
 
 @pytest.mark.parametrize("through_cursor", [True, False], ids=["cursor", "past"])
 def test_a_notification_arriving_with_the_commit_reaches_the_handler(through_cursor: bool) -> None:
+    import psycopg
+
     connection.ensure_connection()
     raw = connection.connection
     received: list[str] = []

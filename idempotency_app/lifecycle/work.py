@@ -53,10 +53,10 @@ from idempotency_app.store.postgresql import (
     begin_with,
     in_open_transaction,
     makes_text_cursors,
-    psycopg_executes,
     send_at_once,
     sends_text,
     sent_unseen,
+    unseen_by_agents,
 )
 
 
@@ -501,7 +501,7 @@ def _with_savepoints(
             and params is None
             and isinstance(sql, str)
             and _DJANGO_SAVEPOINT.fullmatch(sql)
-            and psycopg_executes(context["connection"].connection)
+            and unseen_by_agents(context["connection"].connection)
             and begin_with(context["connection"], sql)
         ):
             return context["cursor"].cursor

@@ -284,10 +284,10 @@ def sent_unseen(connection: Any) -> bool:
     ``execute`` or the driver connection itself; psycopg binds as text,
     outside pipeline mode; and the session speaks UTF-8. Execute wrappers
     are the caller's to check."""
-    return keeps_a_cursor(connection) and _unseen_by_agents(connection.connection)
+    return keeps_a_cursor(connection) and unseen_by_agents(connection.connection)
 
 
-def _unseen_by_agents(raw: Any) -> bool:
+def unseen_by_agents(raw: Any) -> bool:
     """``sent_unseen`` but for Django's cursors: psycopg's own connection
     (not an agent's proxy) whose cursors run psycopg's ``execute``, behind
     Django's own ``CursorWrapper.execute``, and a session in UTF-8 (what
@@ -296,7 +296,7 @@ def _unseen_by_agents(raw: Any) -> bool:
         _plain_psycopg_connection(raw)
         and carries_statements_on(raw)
         and django_executes()
-        and psycopg_executes(raw)
+        and _psycopg_executes(raw)
         and not raw.closed  # its errors are Django's to raise, from its own call
         and raw.pgconn.parameter_status(b"client_encoding") == b"UTF8"
     )
@@ -309,7 +309,7 @@ def _past_the_cursor(connection: Any) -> bool:
     return (
         not connection.execute_wrappers
         and _checked_as_by_cursor(connection)
-        and _unseen_by_agents(connection.connection)
+        and unseen_by_agents(connection.connection)
     )
 
 
@@ -402,7 +402,7 @@ def django_executes() -> bool:
     return _own_function(vars(CursorWrapper).get("execute"), CursorWrapper.__module__)
 
 
-def psycopg_executes(raw: Any) -> bool:
+def _psycopg_executes(raw: Any) -> bool:
     """Whether the driver connection's cursors run statements through
     psycopg's own ``execute`` (the statement guard's cursor class aside): no
     agent traces them at the driver (OpenTelemetry's psycopg

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 from idempotency_app import service
 from idempotency_app.store import postgresql
@@ -102,3 +102,18 @@ def test_an_agent_that_proxies_the_driver_connection_sees_the_claim_and_the_comp
     claims = [sql for sql in traced if postgresql.CLAIM_FUNCTION in sql]
     completions = [sql for sql in traced if sql.lstrip().startswith("WITH done AS (UPDATE")]
     assert (len(claims), len(completions)) == (1, 1), traced
+
+
+def test_an_agent_that_proxies_the_driver_connection_sees_a_blocks_savepoint(
+    traced: list[str],
+) -> None:
+    """A block that opens the work's transaction: its SAVEPOINT, which the
+    guard would otherwise send with the BEGIN through libpq's own call,
+    reaches the agent's cursor."""
+    with service.once(SCOPE, str(uuid.uuid4()), "op") as run:
+        if run.should_execute:
+            with transaction.atomic():
+                Charge.objects.create(label="a")
+            run.result = "done"
+    assert run.result == "done"
+    assert any(sql.startswith("SAVEPOINT") for sql in traced), traced

@@ -24,9 +24,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 SCOPE = "tests:past-the-cursor-proxy"
 
 
-class TracedCursor:
-    """A cursor proxy as the agents make them: every other attribute is the
-    wrapped cursor's."""
+class Proxy:
+    """A proxy as the agents make them: every attribute it does not trace
+    is the wrapped object's."""
 
     def __init__(self, wrapped: Any, traced: list[str]) -> None:
         object.__setattr__(self, "_wrapped", wrapped)
@@ -37,6 +37,10 @@ class TracedCursor:
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self._wrapped, name, value)
+
+
+class TracedCursor(Proxy):
+    """The driver cursor behind an agent's proxy."""
 
     def __iter__(self) -> Any:
         return iter(self._wrapped)
@@ -56,18 +60,8 @@ class TracedCursor:
         return self._wrapped.executemany(query, *args, **kwargs)
 
 
-class TracedConnection:
+class TracedConnection(Proxy):
     """The driver connection behind an agent's proxy."""
-
-    def __init__(self, wrapped: Any, traced: list[str]) -> None:
-        object.__setattr__(self, "_wrapped", wrapped)
-        object.__setattr__(self, "_traced", traced)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._wrapped, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._wrapped, name, value)
 
     def cursor(self, *args: Any, **kwargs: Any) -> Any:
         return TracedCursor(self._wrapped.cursor(*args, **kwargs), self._traced)

@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from django.db import ProgrammingError, connections, transaction
-from django.db.backends.utils import CursorWrapper
+from django.db.backends import utils
 
 from idempotency_app.store import base
 from idempotency_app.store.base import (
@@ -51,6 +51,8 @@ _CLAIM_TYPES = (25,) * 5 + (701,) * 4
 # The attribute on the statement guard's cursor class that names the
 # driver's class it guards (``lifecycle.work.guard_raw_cursors``).
 GUARDED_CLASS = "_idempotency_guarded_class"
+# libpq's CONNECTION_OK: an open connection.
+_CONNECTION_OK = 0
 
 
 class Backend(base.Backend):
@@ -290,15 +292,28 @@ def sent_unseen(connection: Any) -> bool:
 def unseen_by_agents(raw: Any) -> bool:
     """``sent_unseen`` but for Django's cursors: psycopg's own connection
     (not an agent's proxy) whose cursors run psycopg's ``execute``, behind
-    Django's own ``CursorWrapper.execute``, and a session in UTF-8 (what
-    the library's statements are encoded in when sent this way)."""
-    return (
-        _plain_psycopg_connection(raw)
-        and carries_statements_on(raw)
-        and django_executes()
-        and _psycopg_executes(raw)
-        and not raw.closed  # its errors are Django's to raise, from its own call
-        and raw.pgconn.parameter_status(b"client_encoding") == b"UTF8"
+    Django's own ``CursorWrapper`` methods, open, outside pipeline mode, and
+    in a session in UTF-8 (what the library's statements are encoded in
+    when sent this way). Asked several times per request: what an agent
+    could have replaced is answered once per set of classes and functions
+    (``_agent_free``), the rest read from libpq."""
+    factory = getattr(raw, "cursor_factory", None)
+    driver = getattr(factory, "__dict__", {}).get(GUARDED_CLASS, factory)  # not a subclass's
+    django = vars(utils.CursorWrapper)
+    connection_class: Any = type(raw)  # not __class__, which a proxy forwards
+    if not _agent_free(
+        connection_class,
+        factory,
+        getattr(driver, "execute", None),
+        django.get("execute"),
+        django.get("_execute"),
+    ):
+        return False
+    pgconn = raw.pgconn
+    return bool(
+        pgconn.pipeline_status == 0
+        and pgconn.status == _CONNECTION_OK  # else its errors are Django's to raise
+        and pgconn.parameter_status(b"client_encoding") == b"UTF8"
     )
 
 
@@ -387,30 +402,31 @@ def _claims_unseen(connection: Any, params: dict[str, Any]) -> bool:
     )
 
 
-def _plain_psycopg_connection(raw: Any) -> bool:
-    """Whether ``raw`` is psycopg's own connection, as Django makes it, not
-    an APM agent's proxy around it (Elastic APM, New Relic), whose cursors
-    trace what runs through them."""
+@functools.lru_cache(maxsize=64)
+def _agent_free(
+    connection_class: Any,
+    factory: Any,
+    driver_execute: Any,
+    django_execute: Any,
+    django_executor: Any,
+) -> bool:
+    """Whether no agent stands between a statement and the server: the
+    driver connection is psycopg's own ``Connection`` (not an APM agent's
+    proxy around it, Elastic APM's or New Relic's, whose cursors trace what
+    runs through them); its cursors are psycopg's client-side ones, whose
+    ``execute`` is psycopg's own (no agent traces them at the driver, as
+    OpenTelemetry's psycopg instrumentation does); and Django's
+    ``CursorWrapper`` runs statements through its own ``execute`` and
+    ``_execute`` (no agent replaced or wrapped either, as Sentry does)."""
     from psycopg import Connection
 
-    return type(raw) is Connection
-
-
-def django_executes() -> bool:
-    """Whether ``CursorWrapper.execute`` is still Django's own function, not
-    an APM agent's replacement or wrapper."""
-    return _own_function(vars(CursorWrapper).get("execute"), CursorWrapper.__module__)
-
-
-def _psycopg_executes(raw: Any) -> bool:
-    """Whether the driver connection's cursors run statements through
-    psycopg's own ``execute`` (the statement guard's cursor class aside): no
-    agent traces them at the driver (OpenTelemetry's psycopg
-    instrumentation, for one), so a statement sent through libpq's own call
-    is missed by nobody."""
-    factory: Any = getattr(raw, "cursor_factory", None)
-    factory = getattr(factory, "__dict__", {}).get(GUARDED_CLASS, factory)  # not a subclass's
-    return _own_function(getattr(factory, "execute", None), "psycopg.cursor")
+    return (
+        connection_class is Connection
+        and makes_text_cursors(factory)
+        and _own_function(driver_execute, "psycopg.cursor")
+        and _own_function(django_execute, utils.__name__)
+        and _own_function(django_executor, utils.__name__)
+    )
 
 
 @functools.lru_cache(maxsize=64)

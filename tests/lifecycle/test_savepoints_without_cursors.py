@@ -572,9 +572,10 @@ def test_killed_backend_key_state_matches_django_path(
 ) -> None:
     """The key's state after the backend is killed before a block: the bypass
     must leave the same answer as Django's cursor path."""
+    import functools
     import time
 
-    from idempotency_app.store import postgresql
+    from django.db.backends.utils import CursorWrapper
 
     def work() -> str:
         if where == "after_block":
@@ -588,10 +589,14 @@ def test_killed_backend_key_state_matches_django_path(
             Charge.objects.create(label="b")
         return "done"
 
+    django_execute = CursorWrapper.execute
     results = []
     for bypass in (True, False):
-        if not bypass:
-            monkeypatch.setattr(postgresql, "django_executes", lambda: False)
+        if not bypass:  # an agent's wrapper around Django's execute: Django's path
+            def traced(*args: Any, **kwargs: Any) -> Any:
+                return django_execute(*args, **kwargs)
+
+            monkeypatch.setattr(CursorWrapper, "execute", functools.wraps(django_execute)(traced))
         key = str(uuid.uuid4())
         try:
             once(key, work)

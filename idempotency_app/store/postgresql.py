@@ -53,6 +53,9 @@ _CLAIM_TYPES = (25,) * 5 + (701,) * 4
 GUARDED_CLASS = "_idempotency_guarded_class"
 # libpq's CONNECTION_OK: an open connection.
 _CONNECTION_OK = 0
+# The savepoint the question whether the claim function can be called is
+# asked in, inside the caller's transaction (``has_claim_function``).
+ASKING = "idempotency_app_asks"
 
 
 class Backend(base.Backend):
@@ -168,7 +171,7 @@ class Backend(base.Backend):
         with connection.wrap_database_errors:
             result = _exchange(
                 raw, lambda: raw.pgconn.send_query_params(call, values, _CLAIM_TYPES)
-            )
+            )[-1]
             _raise_for(raw, result, pq.ExecStatus.TUPLES_OK)
         if not result.ntuples:
             return None
@@ -347,7 +350,7 @@ def _complete_unseen(
     raw = connection.connection
     message = "; ".join([*before, base.kept_cursor(connection).mogrify(sql, params)]).encode()
     with connection.wrap_database_errors:
-        result = _exchange(raw, lambda: raw.pgconn.send_query(message))
+        result = _exchange(raw, lambda: raw.pgconn.send_query(message))[-1]
         _raise_for(raw, result, pq.ExecStatus.COMMAND_OK)
     return commit or result.command_tuples == 1
 
@@ -513,24 +516,40 @@ def has_claim_function(raw: Any) -> bool | None:
     per process and alias, through libpq's own call: outside psycopg's
     transaction handling (it opens no transaction), and unseen by the query
     log, so that the first request a process serves counts the statements
-    every other one does. psycopg2 sends the statement itself."""
+    every other one does. Inside the caller's transaction it is asked in a
+    savepoint of its own, so that its failure leaves that transaction as it
+    was. psycopg2 sends the statement itself."""
     if raw is None:
         return None  # not connected yet
     pgconn = getattr(raw, "pgconn", None)
     if pgconn is None:
         return False
-    from psycopg import pq
+    from psycopg import Error, pq
 
-    idle = (pq.TransactionStatus.IDLE, pq.TransactionStatus.INTRANS)
-    if pgconn.pipeline_status or pgconn.transaction_status not in idle:
+    status = pgconn.transaction_status
+    if pgconn.pipeline_status or status not in (
+        pq.TransactionStatus.IDLE,
+        pq.TransactionStatus.INTRANS,
+    ):
         return None
-    result = pgconn.exec_(
+    question = (
         f"SELECT coalesce(has_function_privilege(to_regprocedure('{_CLAIM_SIGNATURE}'), "
-        "'EXECUTE'), false)".encode()
+        "'EXECUTE'), false)"
     )
-    if result.status != pq.ExecStatus.TUPLES_OK:
-        return None
-    return bool(result.get_value(0, 0) == b"t")
+    inside = status == pq.TransactionStatus.INTRANS
+    if inside:
+        question = f"SAVEPOINT {ASKING}; {question}; RELEASE SAVEPOINT {ASKING}"
+    try:
+        results = _exchange(raw, lambda: pgconn.send_query(question.encode()))
+        if all(r.status != pq.ExecStatus.FATAL_ERROR for r in results):
+            answer = next(r for r in results if r.status == pq.ExecStatus.TUPLES_OK)
+            return bool(answer.get_value(0, 0) == b"t")
+        if inside:
+            undo = f"ROLLBACK TO SAVEPOINT {ASKING}; RELEASE SAVEPOINT {ASKING}"
+            _exchange(raw, lambda: pgconn.send_query(undo.encode()))
+    except Error:  # the connection failed: the claim that follows meets it
+        pass
+    return None
 
 
 def begin_with(connection: Any, statement: str) -> bool:
@@ -578,13 +597,13 @@ def send_at_once(connection: Any, sql: str) -> None:
     raw = connection.connection
     message = sql.encode()
     with connection.wrap_database_errors:
-        result = _exchange(raw, lambda: raw.pgconn.send_query(message))
+        result = _exchange(raw, lambda: raw.pgconn.send_query(message))[-1]
         _raise_for(raw, result, pq.ExecStatus.COMMAND_OK)
 
 
-def _exchange(raw: Any, send: Callable[[], None]) -> Any:
-    """Send through libpq's own call and read the last result (or the
-    first that failed), waiting as psycopg's cursors wait: in Python, so
+def _exchange(raw: Any, send: Callable[[], None]) -> list[Any]:
+    """Send through libpq's own call and read the results, up to the first
+    that failed (the last is the one that counts), waiting as psycopg's cursors wait: in Python, so
     that a signal's exception (Ctrl-C, gunicorn's ``SystemExit`` on a worker
     timeout) cancels the statement rather than wait for the server, and
     notifications reach the connection's handlers."""
@@ -592,8 +611,7 @@ def _exchange(raw: Any, send: Callable[[], None]) -> Any:
 
     with raw.lock:
         send()
-        results = raw.wait(generators.execute(raw.pgconn))
-    return results[-1]
+        return raw.wait(generators.execute(raw.pgconn))  # type: ignore[no-any-return]
 
 
 def _raise_for(raw: Any, result: Any, expected: Any) -> None:

@@ -348,21 +348,29 @@ def by_the_library() -> Iterator[None]:
         _suspended.reset(reset)
 
 
-def _judged(state: _WorkState, alias: str, sql: Any, cursor: Any, run: Callable[[], Any]) -> Any:
+def _judged(
+    state: _WorkState,
+    alias: str,
+    sql: Any,
+    cursor: Any,
+    run: Callable[[], Any],
+    another_thread: bool = False,
+) -> Any:
     """Judge ``sql`` before ``run`` sends it to ``alias``: on the records'
     database, refuse what would start or end the work's transaction, ask
     the driver before and after whether it is still open, and mark the
-    transaction for rollback when the statement fails; on any other, refuse
-    what is not a read."""
+    transaction for rollback when the statement fails; on any other, or
+    through ``another_thread``'s connection to it, refuse what is not a
+    read."""
     _, vendor, quoting = state.database(alias)
     text = (
         sql
         if isinstance(sql, str)  # the ORM's, nearly always: no renderer to make
         else statements.as_text(sql, lambda composed: composed.as_string(cursor))
     )
-    if alias != state.using:
+    if alias != state.using or another_thread:
         if text is None or not statements.is_read(text, vendor, quoting):
-            raise _refuse(_not_a_read(state, alias))
+            raise _refuse(_not_a_read(state, alias, another_thread))
         return run()
     state.observe()  # ended since the last statement, by a path no wrapper sees
     ending = None if text is None else statements.ends_transaction(text, vendor, quoting)
@@ -575,7 +583,16 @@ def _ends(ending: str) -> str:
     )
 
 
-def _not_a_read(state: _WorkState, alias: str) -> str:
+def _not_a_read(state: _WorkState, alias: str, another_thread: bool = False) -> str:
+    if another_thread:
+        return (
+            f"Work under the idempotency key {state.identity.key!r} started another thread "
+            f"with its context (copy_context().run, sync_to_async(thread_sensitive=False)), "
+            f"which sent a statement that is not a read to {alias!r} through a connection of "
+            "its own: it would commit at once, without the work's outcome, and run again on a "
+            "retry. Write from the thread that runs the work, or defer the write with "
+            f"transaction.on_commit(..., using={alias!r}). (Reads from other threads run.)"
+        )
     return (
         f"Work under the idempotency key {state.identity.key!r} sent a statement to database "
         f"{alias!r} that is not a read, but its outcome is stored on {state.using!r}: the "
@@ -640,13 +657,13 @@ def _guarded_cursor(
             sql = sql_of(*args, **kwargs)
             if sql is state.judging and sql is not None:
                 return original(self, *args, **kwargs)
-            if (
-                state.savepoints is not None
-                and alias == state.using
-                and connections[alias] is state.connection  # not another thread's
-            ):
-                state.savepoints.flush(state.connection)
             call = functools.partial(original, self, *args, **kwargs)
+            if alias == state.using and connections[alias] is not state.connection:
+                # Another thread's connection (the work's context copied to
+                # it): nothing it writes can commit with the work.
+                return _judged(state, alias, sql, self, call, another_thread=True)
+            if state.savepoints is not None and alias == state.using:
+                state.savepoints.flush(state.connection)
             return _judged(state, alias, sql, self, call)
 
         return method

@@ -67,6 +67,20 @@ def transaction_probe(connection: Any) -> TransactionProbe | None:
     return None
 
 
+def session(raw: Any) -> Any:
+    """Which server session the driver connection ``raw`` is, whatever
+    proxy an APM agent put around it (the proxy hands these on): psycopg's
+    libpq connection, or mysqlclient's server thread id; None once closed."""
+    if raw is None:
+        return None
+    pgconn = getattr(raw, "pgconn", None)
+    if pgconn is not None:
+        return pgconn
+    if hasattr(raw, "thread_id"):  # mysqlclient
+        return raw.thread_id() if raw.open else None
+    return raw
+
+
 def _mysql_probe(raw: Any) -> TransactionProbe | None:
     status = _mysql_status(raw)
     if status is None:

@@ -38,6 +38,7 @@ import contextlib
 import contextvars
 import functools
 import re
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -101,6 +102,10 @@ class _WorkState:
         self.vendor = connection.vendor
         self.refusals: list[CannotBeAtomic] = []
         self.transaction_open = drivers.transaction_probe(connection)
+        # The work's server session and thread: a driver cursor's statement
+        # on another session cannot commit with the work.
+        self.session = drivers.session(connection.connection)
+        self.thread = threading.get_ident()
         # The transaction has been seen open: seen closed from now on, it ended.
         self.started = False
         self.ended: TransactionEnded | None = None
@@ -354,23 +359,23 @@ def _judged(
     sql: Any,
     cursor: Any,
     run: Callable[[], Any],
-    another_thread: bool = False,
+    elsewhere: bool = False,
 ) -> Any:
     """Judge ``sql`` before ``run`` sends it to ``alias``: on the records'
     database, refuse what would start or end the work's transaction, ask
     the driver before and after whether it is still open, and mark the
     transaction for rollback when the statement fails; on any other, or
-    through ``another_thread``'s connection to it, refuse what is not a
-    read."""
+    through a connection to it other than the work's (``elsewhere``),
+    refuse what is not a read."""
     _, vendor, quoting = state.database(alias)
     text = (
         sql
         if isinstance(sql, str)  # the ORM's, nearly always: no renderer to make
         else statements.as_text(sql, lambda composed: composed.as_string(cursor))
     )
-    if alias != state.using or another_thread:
+    if alias != state.using or elsewhere:
         if text is None or not statements.is_read(text, vendor, quoting):
-            raise _refuse(_not_a_read(state, alias, another_thread))
+            raise _refuse(_not_a_read(state, alias, elsewhere))
         return run()
     state.observe()  # ended since the last statement, by a path no wrapper sees
     ending = None if text is None else statements.ends_transaction(text, vendor, quoting)
@@ -583,15 +588,16 @@ def _ends(ending: str) -> str:
     )
 
 
-def _not_a_read(state: _WorkState, alias: str, another_thread: bool = False) -> str:
-    if another_thread:
+def _not_a_read(state: _WorkState, alias: str, elsewhere: bool = False) -> str:
+    if elsewhere:
         return (
-            f"Work under the idempotency key {state.identity.key!r} started another thread "
-            f"with its context (copy_context().run, sync_to_async(thread_sensitive=False)), "
-            f"which sent a statement that is not a read to {alias!r} through a connection of "
-            "its own: it would commit at once, without the work's outcome, and run again on a "
-            "retry. Write from the thread that runs the work, or defer the write with "
-            f"transaction.on_commit(..., using={alias!r}). (Reads from other threads run.)"
+            f"Work under the idempotency key {state.identity.key!r} sent a statement that is "
+            f"not a read to {alias!r} through another connection than the work's (a thread "
+            "started with the work's context, by copy_context().run or "
+            "sync_to_async(thread_sensitive=False), or a connection opened by hand): it would "
+            "commit on its own, without the work's outcome, and run again on a retry. Write "
+            "from the thread that runs the work, through Django's connection, or defer the "
+            f"write with transaction.on_commit(..., using={alias!r}). (Reads there run.)"
         )
     return (
         f"Work under the idempotency key {state.identity.key!r} sent a statement to database "
@@ -655,13 +661,19 @@ def _guarded_cursor(
             if state is None or _suspended.get():
                 return original(self, *args, **kwargs)  # every statement outside work
             sql = sql_of(*args, **kwargs)
-            if sql is state.judging and sql is not None:
-                return original(self, *args, **kwargs)
             call = functools.partial(original, self, *args, **kwargs)
-            if alias == state.using and connections[alias] is not state.connection:
-                # Another thread's connection (the work's context copied to
-                # it): nothing it writes can commit with the work.
-                return _judged(state, alias, sql, self, call, another_thread=True)
+            judged = sql is state.judging and sql is not None
+            if (
+                alias == state.using
+                and not (judged and threading.get_ident() == state.thread)
+                and drivers.session(self.connection) != state.session
+            ):
+                # Not the work's connection (another thread's, which the
+                # work's context was copied to, or one opened by hand):
+                # nothing it writes can commit with the work.
+                return _judged(state, alias, sql, self, call, elsewhere=True)
+            if judged:
+                return original(self, *args, **kwargs)
             if state.savepoints is not None and alias == state.using:
                 state.savepoints.flush(state.connection)
             return _judged(state, alias, sql, self, call)

@@ -10,7 +10,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from idempotency_app import signals, store
 from idempotency_app.exceptions import ClaimLost, StoreUnavailable, WorkRolledBack
-from idempotency_app.lifecycle import claims
+from idempotency_app.lifecycle import claims, work
 from idempotency_app.lifecycle.claims import (
     Claim,
     Policy,
@@ -167,6 +167,7 @@ def renew(held: Held, lease: float | None = None) -> bool:
             return False
     side = connections.create_connection(using)
     try:
-        return records.renew(held.identity, held.token, seconds, side)
+        with work.by_the_library():  # not the work's: the guard lets it through
+            return records.renew(held.identity, held.token, seconds, side)
     finally:
         side.close()

@@ -4,6 +4,7 @@ the hand-driven functions, batch lookup and completion, derived keys."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import multiprocessing
 import os
@@ -855,6 +856,12 @@ def session_isolation(level: str) -> Iterator[None]:
 
 
 def on_a_side_connection(sql: str, params: list[Any]) -> None:
+    """Another worker's statement: its own connection, outside the work's
+    context (the work refuses writes through another connection)."""
+    contextvars.Context().run(_on_a_side_connection, sql, params)
+
+
+def _on_a_side_connection(sql: str, params: list[Any]) -> None:
     side = connections.create_connection("default")
     try:
         with side.cursor() as cursor:
@@ -911,10 +918,14 @@ def test_a_serialization_failure_at_commit_is_work_rolled_back() -> None:
         ):
             Charge.objects.filter(label="other").count()
             side.set_autocommit(False)
-            with side.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
-                cursor.execute(f"SELECT count(*) FROM {table} WHERE label = 'work'")
-                cursor.execute(f"INSERT INTO {table} (label, amount) VALUES ('other', 1)")
+
+            def other_transaction() -> None:  # another worker's, outside the work's context
+                with side.cursor() as cursor:
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+                    cursor.execute(f"SELECT count(*) FROM {table} WHERE label = 'work'")
+                    cursor.execute(f"INSERT INTO {table} (label, amount) VALUES ('other', 1)")
+
+            contextvars.Context().run(other_transaction)
             run.result = charge("work")
             side.commit()
     finally:

@@ -8,6 +8,7 @@ tracing cursor still sees both statements.
 
 from __future__ import annotations
 
+import contextvars
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -217,7 +218,7 @@ def test_a_completion_that_matches_no_claim_rolls_the_work_back(sent_past: list[
         with pytest.raises(ClaimLost), service.once(SCOPE, key, "tests.past_the_cursor") as run:
             if run.should_execute:
                 Charge.objects.create(label="a")
-                steal()
+                contextvars.Context().run(steal)  # another worker, outside this work
                 run.result = "done"
     finally:
         other.close()

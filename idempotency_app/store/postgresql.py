@@ -603,10 +603,11 @@ def send_at_once(connection: Any, sql: str) -> None:
 
 def _exchange(raw: Any, send: Callable[[], None]) -> list[Any]:
     """Send through libpq's own call and read the results, up to the first
-    that failed (the last is the one that counts), waiting as psycopg's cursors wait: in Python, so
-    that a signal's exception (Ctrl-C, gunicorn's ``SystemExit`` on a worker
-    timeout) cancels the statement rather than wait for the server, and
-    notifications reach the connection's handlers."""
+    that failed (the last is the one that counts), waiting as psycopg's
+    cursors wait: in Python, so that a signal's exception (Ctrl-C,
+    gunicorn's ``SystemExit`` on a worker timeout) cancels the statement
+    rather than wait for the server, and notifications reach the
+    connection's handlers."""
     from psycopg import generators
 
     with raw.lock:

@@ -514,7 +514,7 @@ def _with_savepoints(
             and params is None
             and isinstance(sql, str)
             and _DJANGO_SAVEPOINT.fullmatch(sql)
-            and unseen_by_agents(context["connection"].connection)
+            and unseen_by_agents(context["connection"])
             and begin_with(context["connection"], sql)
         ):
             return context["cursor"].cursor
@@ -623,12 +623,19 @@ def guard_raw_cursors(sender: Any, connection: Any, **kwargs: Any) -> None:
     raw = connection.connection
     if connection.vendor == "postgresql":
         factory = getattr(raw, "cursor_factory", None)
-        if factory is not None and hasattr(factory, "copy") and hasattr(factory, "stream"):
+        if _guardable(factory) and hasattr(factory, "copy") and hasattr(factory, "stream"):
             raw.cursor_factory = _guarded_cursor(factory, connection.alias, _PSYCOPG_METHODS)
     elif connection.vendor == "mysql":
         factory = getattr(raw, "cursorclass", None)
-        if factory is not None and hasattr(factory, "callproc"):
+        if _guardable(factory) and hasattr(factory, "callproc"):
             raw.cursorclass = _guarded_cursor(factory, connection.alias, _MYSQLDB_METHODS)
+
+
+def _guardable(factory: Any) -> bool:
+    """A cursor class not guarded yet: a pool (Django's ``OPTIONS["pool"]``)
+    hands the same driver connection out again, its class as it was left,
+    and Django sends ``connection_created`` on each checkout."""
+    return factory is not None and GUARDED_CLASS not in getattr(factory, "__dict__", {})
 
 
 # Each cursor method that runs SQL, and the SQL it runs from its arguments.

@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
+import types
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -485,18 +487,74 @@ def keeps_a_cursor(connection: Any) -> bool:
     (its log reads each statement back from the driver's cursor); and no
     other thread may use it (two threads on one cursor would read each
     other's results)."""
+    cls = type(connection)
+    makers = (cls.cursor, cls._cursor, cls._prepare_cursor)
     return (
-        _makes_cursors_as_django_does(connection.__class__)
+        _makes_cursors_as_django_does(makers, code_ids(makers))
         and vars(connection).keys().isdisjoint(_CURSOR_METHODS)
         and not connection.queries_logged
         and not connection.allow_thread_sharing
     )
 
 
-@functools.cache
-def _makes_cursors_as_django_does(cls: Any) -> bool:
+@functools.lru_cache(maxsize=64)
+def _makes_cursors_as_django_does(makers: tuple[Any, ...], codes: tuple[Any, ...]) -> bool:
+    """Whether the cursor makers are Django's own, code and all (an agent
+    may replace ``BaseDatabaseWrapper.cursor`` itself)."""
+    return all_own(makers, [BaseDatabaseWrapper.__module__] * len(makers))
+
+
+# -- Whether a function is still the one its library defines --------------------
+
+# The code of every function judged, kept alive so that the id of a code
+# an agent swaps out is never given to another while its answer is cached.
+_JUDGED_CODE: list[Any] = []
+_ASYNC_UNSAFE_FILE = os.path.join("django", "utils", "asyncio.py")
+
+
+def code_ids(functions: Sequence[Any]) -> tuple[int, ...]:
+    """The ids of each function's code and of the code of the function
+    Django's ``async_unsafe`` wraps in it: an agent that rewrites either in
+    place (ddtrace does) keeps the function, not its code. A key for a
+    cached judgement of ``functions``."""
+    return tuple(
+        [id(getattr(f, "__code__", None)) for f in functions]
+        + [id(getattr(getattr(f, "__wrapped__", None), "__code__", None)) for f in functions]
+    )
+
+
+def all_own(functions: Sequence[Any], modules: Sequence[str]) -> bool:
+    """Whether each function is a plain function of its module, with code
+    compiled from that module's file (Django's ``async_unsafe`` around it
+    aside): not an agent's replacement, wrapper or rewritten code."""
+    for function in functions:
+        _JUDGED_CODE.extend(
+            getattr(f, "__code__", None) for f in (function, _undecorated(function))
+        )
     return all(
-        getattr(cls, name, None) is getattr(BaseDatabaseWrapper, name) for name in _CURSOR_METHODS
+        _own_function(_undecorated(f), module) for f, module in zip(functions, modules, strict=True)
+    )
+
+
+def _undecorated(function: Any) -> Any:
+    """``function`` without Django's own ``async_unsafe`` around it (which
+    ``cursor`` and ``create_cursor`` wear); any other wrapper stays."""
+    code = getattr(function, "__code__", None)
+    if code is not None and code.co_filename.endswith(_ASYNC_UNSAFE_FILE):
+        return getattr(function, "__wrapped__", function)
+    return function
+
+
+def _own_function(function: Any, module: str) -> bool:
+    """A plain function of ``module`` (not wrapt's proxy, nor a
+    ``functools.wraps`` wrapper, which copies the module's name but leaves
+    ``__wrapped__``) whose code comes from ``module``'s file, wherever it
+    was installed (code an agent swaps in comes from the agent's file)."""
+    return (
+        type(function) is types.FunctionType
+        and function.__module__ == module
+        and not hasattr(function, "__wrapped__")
+        and function.__code__.co_filename.endswith(module.replace(".", os.sep) + ".py")
     )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import types
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -289,28 +288,39 @@ def sent_unseen(connection: Any) -> bool:
     ``execute`` or the driver connection itself; psycopg binds as text,
     outside pipeline mode; and the session speaks UTF-8. Execute wrappers
     are the caller's to check."""
-    return keeps_a_cursor(connection) and unseen_by_agents(connection.connection)
+    return keeps_a_cursor(connection) and unseen_by_agents(connection)
 
 
-def unseen_by_agents(raw: Any) -> bool:
-    """``sent_unseen`` but for Django's cursors: psycopg's own connection
-    (not an agent's proxy) whose cursors run psycopg's ``execute``, behind
-    Django's own ``CursorWrapper`` methods, open, outside pipeline mode, and
-    in a session in UTF-8 (what the library's statements are encoded in
-    when sent this way). Asked several times per request: what an agent
-    could have replaced is answered once per set of classes and functions
-    (``_agent_free``), the rest read from libpq."""
-    factory = getattr(raw, "cursor_factory", None)
+def unseen_by_agents(connection: Any) -> bool:
+    """``sent_unseen`` but for how Django makes its cursors: psycopg's own
+    connection (not an agent's proxy), Django's and psycopg's own functions
+    all along the way a statement takes through a cursor, the connection
+    open, outside pipeline mode, and in a session in UTF-8 (what the
+    library's statements are encoded in when sent this way). Asked several
+    times per request: what an agent could have replaced is answered once
+    per set of those functions and their code (``_agent_free``), the rest
+    read from libpq."""
+    raw = connection.connection
+    raw_class: Any = type(raw)  # not __class__, which a proxy forwards
+    if raw_class is not _psycopg_connection():
+        return False
+    factory = raw.cursor_factory
     driver = getattr(factory, "__dict__", {}).get(GUARDED_CLASS, factory)  # not a subclass's
-    django = vars(utils.CursorWrapper)
-    connection_class: Any = type(raw)  # not __class__, which a proxy forwards
-    if not _agent_free(
-        connection_class,
-        factory,
+    django = type(connection)
+    wrapper = utils.CursorWrapper
+    path = (
+        django.cursor,
+        django._cursor,
+        django._prepare_cursor,
+        django.make_cursor,
+        django.create_cursor,
+        wrapper.execute,
+        wrapper._execute_with_wrappers,  # type: ignore[attr-defined]
+        wrapper._execute,  # type: ignore[attr-defined]
+        raw_class.cursor,
         getattr(driver, "execute", None),
-        django.get("execute"),
-        django.get("_execute"),
-    ):
+    )
+    if not _agent_free(factory, path, base.code_ids(path)):
         return False
     pgconn = raw.pgconn
     return bool(
@@ -327,7 +337,7 @@ def _past_the_cursor(connection: Any) -> bool:
     return (
         not connection.execute_wrappers
         and _checked_as_by_cursor(connection)
-        and unseen_by_agents(connection.connection)
+        and unseen_by_agents(connection)
     )
 
 
@@ -405,44 +415,36 @@ def _claims_unseen(connection: Any, params: dict[str, Any]) -> bool:
     )
 
 
-@functools.lru_cache(maxsize=64)
-def _agent_free(
-    connection_class: Any,
-    factory: Any,
-    driver_execute: Any,
-    django_execute: Any,
-    django_executor: Any,
-) -> bool:
-    """Whether no agent stands between a statement and the server: the
-    driver connection is psycopg's own ``Connection`` (not an APM agent's
-    proxy around it, Elastic APM's or New Relic's, whose cursors trace what
-    runs through them); its cursors are psycopg's client-side ones, whose
-    ``execute`` is psycopg's own (no agent traces them at the driver, as
-    OpenTelemetry's psycopg instrumentation does); and Django's
-    ``CursorWrapper`` runs statements through its own ``execute`` and
-    ``_execute`` (no agent replaced or wrapped either, as Sentry does)."""
+# Where each function along a cursor's way must come from, in ``path``'s
+# order (``unseen_by_agents``).
+_PATH_MODULES = (
+    *["django.db.backends.base.base"] * 4,
+    "django.db.backends.postgresql.base",
+    *[utils.__name__] * 3,
+    "psycopg.connection",
+    "psycopg.cursor",
+)
+
+
+@functools.cache
+def _psycopg_connection() -> Any:
     from psycopg import Connection
 
-    return (
-        connection_class is Connection
-        and makes_text_cursors(factory)
-        and _own_function(driver_execute, "psycopg.cursor")
-        and _own_function(django_execute, utils.__name__)
-        and _own_function(django_executor, utils.__name__)
-    )
+    return Connection
 
 
 @functools.lru_cache(maxsize=64)
-def _own_function(function: Any, module: str) -> bool:
-    """Whether ``function`` is a plain function of ``module``: not an agent's
-    replacement, nor a wrapper (wrapt's proxies, or ``functools.wraps``,
-    which copies the module's name but leaves ``__wrapped__``). Answered
-    once per function: an agent's replacement or wrapper is another one."""
-    return (
-        type(function) is types.FunctionType
-        and function.__module__ == module
-        and not hasattr(function, "__wrapped__")
-    )
+def _agent_free(factory: Any, path: tuple[Any, ...], codes: tuple[int, ...]) -> bool:
+    """Whether no agent stands between a statement and the server: every
+    function along a cursor's way (Django's ``cursor``, ``make_cursor``,
+    ``create_cursor`` and ``CursorWrapper`` methods, psycopg's
+    ``Connection.cursor`` and its cursor's ``execute``) is its library's
+    own (``base.all_own``), and the cursors are psycopg's client-side ones.
+    An agent replaces or wraps one of them (Sentry and Scout patch
+    ``CursorWrapper.execute``; OpenTelemetry's psycopg instrumentation sets
+    ``cursor_factory``; ddtrace rewrites a function's code in place, which
+    ``codes`` makes a new question)."""
+    return makes_text_cursors(factory) and base.all_own(path, _PATH_MODULES)
 
 
 def _joined(

@@ -593,6 +593,7 @@ def test_killed_backend_key_state_matches_django_path(
     results = []
     for bypass in (True, False):
         if not bypass:  # an agent's wrapper around Django's execute: Django's path
+
             def traced(*args: Any, **kwargs: Any) -> Any:
                 return django_execute(*args, **kwargs)
 

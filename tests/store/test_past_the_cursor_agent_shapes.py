@@ -1,0 +1,174 @@
+"""An agent that traces Django's statements anywhere along a cursor's way
+(Django's ``_execute_with_wrappers``, ``create_cursor`` or
+``BaseDatabaseWrapper.cursor``, psycopg's ``Connection.cursor``, or a
+function's code rewritten in place as ddtrace does) sees the claim, the
+completion and a block's first SAVEPOINT, installed before the first
+request or after it warmed every cache: none goes past the cursor, and
+the kept cursor is not kept past an agent's ``cursor()``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.db.backends import utils
+
+from idempotency_app import service
+from idempotency_app.store import postgresql
+from tests.testapp.models import Charge
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
+
+SCOPE = "tests:past-the-cursor-agent-shapes"
+
+
+class TracedCursor:
+    def __init__(self, wrapped: Any, traced: list[str]) -> None:
+        object.__setattr__(self, "_wrapped", wrapped)
+        object.__setattr__(self, "_traced", traced)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._wrapped, name, value)
+
+    def __iter__(self) -> Any:
+        return iter(self._wrapped)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._wrapped.__exit__(*exc)
+
+    def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        self._traced.append(str(query))
+        return self._wrapped.execute(query, *args, **kwargs)
+
+    def executemany(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        self._traced.append(str(query))
+        return self._wrapped.executemany(query, *args, **kwargs)
+
+
+def _request() -> None:
+    with service.once(SCOPE, str(uuid.uuid4()), "op") as run:
+        if run.should_execute:
+            with transaction.atomic():
+                Charge.objects.create(label="a")
+            run.result = "done"
+    assert run.result == "done"
+
+
+def _check(traced: list[str]) -> None:
+    assert any("INSERT" in s and "charge" in s.lower() for s in traced), traced
+    claims = [s for s in traced if postgresql.CLAIM_FUNCTION in s]
+    completions = [s for s in traced if "WITH done AS (UPDATE" in s]
+    savepoints = [s for s in traced if s.startswith("SAVEPOINT")]
+    assert (len(claims), len(completions), len(savepoints)) == (1, 1, 1), traced
+
+
+def agent_execute_with_wrappers(patch: pytest.MonkeyPatch, traced: list[str]) -> None:
+    """Django's CursorWrapper._execute_with_wrappers wrapped (the one method
+    every execute/executemany goes through)."""
+    original = utils.CursorWrapper._execute_with_wrappers
+
+    def _execute_with_wrappers(self: Any, sql: Any, *args: Any, **kwargs: Any) -> Any:
+        traced.append(str(sql))
+        return original(self, sql, *args, **kwargs)
+
+    patch.setattr(utils.CursorWrapper, "_execute_with_wrappers", _execute_with_wrappers)
+
+
+def agent_psycopg_connection_cursor(patch: pytest.MonkeyPatch, traced: list[str]) -> None:
+    """psycopg.Connection.cursor patched on the class: traced cursors handed
+    out, the connection's class, cursor_factory and Cursor.execute untouched."""
+    import psycopg
+
+    original = psycopg.Connection.cursor
+
+    def cursor(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return TracedCursor(original(self, *args, **kwargs), traced)
+
+    patch.setattr(psycopg.Connection, "cursor", cursor)
+
+
+def agent_django_create_cursor(patch: pytest.MonkeyPatch, traced: list[str]) -> None:
+    """Django's postgresql DatabaseWrapper.create_cursor patched on the class."""
+    from django.db import connections
+
+    wrapper_class = type(connections["default"])
+    original = wrapper_class.create_cursor
+
+    def create_cursor(self: Any, name: Any = None) -> Any:
+        return TracedCursor(original(self, name), traced)
+
+    patch.setattr(wrapper_class, "create_cursor", create_cursor)
+
+
+def agent_base_cursor(patch: pytest.MonkeyPatch, traced: list[str]) -> None:
+    """BaseDatabaseWrapper.cursor itself wrapped (so every backend's cursor())."""
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    original = BaseDatabaseWrapper.cursor
+
+    def cursor(self: Any) -> Any:
+        wrapper = original(self)
+        wrapper.cursor = TracedCursor(wrapper.cursor, traced)
+        return wrapper
+
+    patch.setattr(BaseDatabaseWrapper, "cursor", cursor)
+
+
+def agent_code_patched(patch: pytest.MonkeyPatch, traced: list[str]) -> None:
+    """A bytecode-wrapping agent (ddtrace's internal ``wrapping.wrap``): the
+    function object stays the same, its ``__code__`` is replaced."""
+    function = utils.CursorWrapper.execute
+    saved = function.__code__
+    copy = type(function)(saved, function.__globals__, "execute_orig", function.__defaults__)
+    function.__globals__["_agent_traced"] = traced
+    function.__globals__["_agent_original"] = copy
+
+    def execute(self: Any, sql: Any, params: Any = None) -> Any:
+        _agent_traced.append(str(sql))  # type: ignore[name-defined]  # noqa: F821
+        return _agent_original(self, sql, params)  # type: ignore[name-defined]  # noqa: F821
+
+    patch.setattr(function, "__code__", execute.__code__)
+
+
+AGENTS = [
+    agent_execute_with_wrappers,
+    agent_psycopg_connection_cursor,
+    agent_django_create_cursor,
+    agent_base_cursor,
+    agent_code_patched,
+]
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=[a.__name__ for a in AGENTS])
+def test_an_agent_installed_after_the_first_request_sees_the_claim(agent: Any) -> None:
+    _request()  # warms every cache
+    traced: list[str] = []
+    connection.close()
+    with pytest.MonkeyPatch.context() as patch:
+        agent(patch, traced)
+        try:
+            _request()
+        finally:
+            connection.close()
+    _check(traced)
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=[a.__name__ for a in AGENTS])
+def test_an_agent_installed_before_the_first_request_sees_the_claim(agent: Any) -> None:
+    traced: list[str] = []
+    connection.close()
+    with pytest.MonkeyPatch.context() as patch:
+        agent(patch, traced)
+        try:
+            _request()
+        finally:
+            connection.close()
+    _check(traced)

@@ -57,7 +57,6 @@ from idempotency_app.store.postgresql import (
     send_at_once,
     sends_text,
     sent_unseen,
-    unseen_by_agents,
 )
 
 
@@ -514,7 +513,9 @@ def _with_savepoints(
             and params is None
             and isinstance(sql, str)
             and _DJANGO_SAVEPOINT.fullmatch(sql)
-            and unseen_by_agents(context["connection"])
+            and sent_unseen(context["connection"])
+            # the driver's own cursor in hand, not an agent's around it
+            and type(context["cursor"].cursor) is context["connection"].connection.cursor_factory
             and begin_with(context["connection"], sql)
         ):
             return context["cursor"].cursor

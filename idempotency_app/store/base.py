@@ -15,11 +15,10 @@ A vendor module (``postgresql``, ``mysql``, ``sqlite``) subclasses
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -487,50 +486,68 @@ def keeps_a_cursor(connection: Any) -> bool:
     (its log reads each statement back from the driver's cursor); and no
     other thread may use it (two threads on one cursor would read each
     other's results)."""
-    cls = type(connection)
-    makers = (cls.cursor, cls._cursor, cls._prepare_cursor)
     return (
-        _makes_cursors_as_django_does(makers, code_ids(makers))
+        _makes_cursors_as_django_does(type(connection))
         and vars(connection).keys().isdisjoint(_CURSOR_METHODS)
         and not connection.queries_logged
         and not connection.allow_thread_sharing
     )
 
 
-@functools.lru_cache(maxsize=64)
-def _makes_cursors_as_django_does(makers: tuple[Any, ...], codes: tuple[Any, ...]) -> bool:
-    """Whether the cursor makers are Django's own, code and all (an agent
-    may replace ``BaseDatabaseWrapper.cursor`` itself)."""
-    return all_own(makers, [BaseDatabaseWrapper.__module__] * len(makers))
+def _makes_cursors_as_django_does(cls: Any) -> bool:
+    """Whether the class's cursor makers are Django's own, code and all (an
+    agent may replace ``BaseDatabaseWrapper.cursor`` itself)."""
+    cursor, made, prepared = cls.cursor, cls._cursor, cls._prepare_cursor
+    try:
+        inner = cursor.__wrapped__  # what Django's async_unsafe wraps
+        key = (
+            *(cursor, cursor.__code__, inner, inner.__code__),
+            *(made, made.__code__, prepared, prepared.__code__),
+        )
+    except AttributeError:  # not a function, or not Django's async_unsafe
+        return False
+    return _CURSOR_MAKERS.judge(key, (cursor, made, prepared))
 
 
 # -- Whether a function is still the one its library defines --------------------
 
-# The code of every function judged, kept alive so that the id of a code
-# an agent swaps out is never given to another while its answer is cached.
-_JUDGED_CODE: list[Any] = []
+
+class Judgements:
+    """Answers about a set of functions and their code, each set found by
+    identity: an agent that replaces a function, or rewrites its code in
+    place (ddtrace does), makes a new set. Looked up by comparison, not by
+    hash: hashing code objects costs more than the lookup is worth. The
+    sets are kept, and with them their code, so that the id of a code an
+    agent swapped out is never given to another."""
+
+    def __init__(self, answer: Callable[[Any], bool]) -> None:
+        self.answer = answer
+        self.keys: list[tuple[Any, ...]] = []
+        self.answers: list[bool] = []
+
+    def judge(self, key: tuple[Any, ...], functions: Any) -> bool:
+        """The answer for ``key``, asked of ``functions`` the first time."""
+        try:
+            return self.answers[self.keys.index(key)]
+        except ValueError:
+            pass
+        judged = self.answer(functions)
+        if len(self.keys) >= 32:  # a process that keeps changing them: judged each time
+            return judged
+        self.keys.append(key)
+        self.answers.append(judged)
+        return judged
+
+
+_BASE_MODULES = (BaseDatabaseWrapper.__module__,) * 3
+_CURSOR_MAKERS = Judgements(lambda makers: all_own(makers, _BASE_MODULES))
 _ASYNC_UNSAFE_FILE = os.path.join("django", "utils", "asyncio.py")
-
-
-def code_ids(functions: Sequence[Any]) -> tuple[int, ...]:
-    """The ids of each function's code and of the code of the function
-    Django's ``async_unsafe`` wraps in it: an agent that rewrites either in
-    place (ddtrace does) keeps the function, not its code. A key for a
-    cached judgement of ``functions``."""
-    return tuple(
-        [id(getattr(f, "__code__", None)) for f in functions]
-        + [id(getattr(getattr(f, "__wrapped__", None), "__code__", None)) for f in functions]
-    )
 
 
 def all_own(functions: Sequence[Any], modules: Sequence[str]) -> bool:
     """Whether each function is a plain function of its module, with code
     compiled from that module's file (Django's ``async_unsafe`` around it
     aside): not an agent's replacement, wrapper or rewritten code."""
-    for function in functions:
-        _JUDGED_CODE.extend(
-            getattr(f, "__code__", None) for f in (function, _undecorated(function))
-        )
     return all(
         _own_function(_undecorated(f), module) for f, module in zip(functions, modules, strict=True)
     )

@@ -308,19 +308,19 @@ def unseen_by_agents(connection: Any) -> bool:
     driver = getattr(factory, "__dict__", {}).get(GUARDED_CLASS, factory)  # not a subclass's
     django = type(connection)
     wrapper = utils.CursorWrapper
-    path = (
-        django.cursor,
-        django._cursor,
-        django._prepare_cursor,
-        django.make_cursor,
-        django.create_cursor,
-        wrapper.execute,
-        wrapper._execute_with_wrappers,  # type: ignore[attr-defined]
-        wrapper._execute,  # type: ignore[attr-defined]
-        raw_class.cursor,
-        getattr(driver, "execute", None),
-    )
-    if not _agent_free(factory, path, base.code_ids(path)):
+    make, create = django.make_cursor, django.create_cursor
+    execute, executor = wrapper.execute, wrapper._execute  # type: ignore[attr-defined]
+    wrappers = wrapper._execute_with_wrappers  # type: ignore[attr-defined]
+    try:
+        created = getattr(create, "__wrapped__", create)  # what Django's async_unsafe wraps
+        key = (
+            *(factory, make, make.__code__, create, create.__code__, created, created.__code__),
+            *(execute, execute.__code__, wrappers, wrappers.__code__, executor, executor.__code__),
+            *(raw_class.cursor, raw_class.cursor.__code__, driver.execute, driver.execute.__code__),
+        )
+    except AttributeError:  # not a function: an agent's
+        return False
+    if not _AGENT_FREE.judge(key, key):
         return False
     pgconn = raw.pgconn
     return bool(
@@ -415,10 +415,10 @@ def _claims_unseen(connection: Any, params: dict[str, Any]) -> bool:
     )
 
 
-# Where each function along a cursor's way must come from, in ``path``'s
-# order (``unseen_by_agents``).
+# Where each function along a cursor's way must come from, in the order
+# ``unseen_by_agents`` lists them.
 _PATH_MODULES = (
-    *["django.db.backends.base.base"] * 4,
+    "django.db.backends.base.base",
     "django.db.backends.postgresql.base",
     *[utils.__name__] * 3,
     "psycopg.connection",
@@ -428,23 +428,29 @@ _PATH_MODULES = (
 
 @functools.cache
 def _psycopg_connection() -> Any:
-    from psycopg import Connection
-
+    try:
+        from psycopg import Connection
+    except ImportError:  # psycopg2
+        return None
     return Connection
 
 
-@functools.lru_cache(maxsize=64)
-def _agent_free(factory: Any, path: tuple[Any, ...], codes: tuple[int, ...]) -> bool:
+def _agent_free(key: tuple[Any, ...]) -> bool:
     """Whether no agent stands between a statement and the server: every
-    function along a cursor's way (Django's ``cursor``, ``make_cursor``,
+    function along a cursor's way (Django's ``make_cursor``,
     ``create_cursor`` and ``CursorWrapper`` methods, psycopg's
     ``Connection.cursor`` and its cursor's ``execute``) is its library's
     own (``base.all_own``), and the cursors are psycopg's client-side ones.
     An agent replaces or wraps one of them (Sentry and Scout patch
     ``CursorWrapper.execute``; OpenTelemetry's psycopg instrumentation sets
-    ``cursor_factory``; ddtrace rewrites a function's code in place, which
-    ``codes`` makes a new question)."""
-    return makes_text_cursors(factory) and base.all_own(path, _PATH_MODULES)
+    ``cursor_factory``; ddtrace rewrites a function's code in place).
+    Django's cursor makers are ``keeps_a_cursor``'s to judge."""
+    factory, functions = key[0], key[1::2]  # each function, then its code
+    outers = functions[:2] + functions[3:]  # what create_cursor wraps is judged with it
+    return makes_text_cursors(factory) and base.all_own(outers, _PATH_MODULES)
+
+
+_AGENT_FREE = base.Judgements(_agent_free)
 
 
 def _joined(

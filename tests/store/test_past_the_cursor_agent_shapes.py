@@ -8,6 +8,7 @@ the kept cursor is not kept past an agent's ``cursor()``."""
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import Any
 
@@ -138,12 +139,44 @@ def agent_code_patched(patch: pytest.MonkeyPatch, traced: list[str]) -> None:
     patch.setattr(function, "__code__", execute.__code__)
 
 
+def agent_wraps_create_cursor(patch: pytest.MonkeyPatch, traced: list[str]) -> None:
+    """The backend's create_cursor wrapped with functools.wraps: its
+    ``__wrapped__`` is Django's own, as Django's async_unsafe leaves it."""
+    from django.db import connections
+
+    wrapper_class = type(connections["default"])
+    original = wrapper_class.create_cursor
+
+    @functools.wraps(original)
+    def create_cursor(self: Any, name: Any = None) -> Any:
+        return TracedCursor(original(self, name), traced)
+
+    patch.setattr(wrapper_class, "create_cursor", create_cursor)
+
+
+def agent_wraps_base_cursor(patch: pytest.MonkeyPatch, traced: list[str]) -> None:
+    """BaseDatabaseWrapper.cursor wrapped with functools.wraps."""
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    original = BaseDatabaseWrapper.cursor
+
+    @functools.wraps(original)
+    def cursor(self: Any) -> Any:
+        wrapper = original(self)
+        wrapper.cursor = TracedCursor(wrapper.cursor, traced)
+        return wrapper
+
+    patch.setattr(BaseDatabaseWrapper, "cursor", cursor)
+
+
 AGENTS = [
     agent_execute_with_wrappers,
     agent_psycopg_connection_cursor,
     agent_django_create_cursor,
     agent_base_cursor,
     agent_code_patched,
+    agent_wraps_create_cursor,
+    agent_wraps_base_cursor,
 ]
 
 

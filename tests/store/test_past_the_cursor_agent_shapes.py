@@ -4,7 +4,9 @@
 function's code rewritten in place as ddtrace does) sees the claim, the
 completion and a block's first SAVEPOINT, installed before the first
 request or after it warmed every cache: none goes past the cursor, and
-the kept cursor is not kept past an agent's ``cursor()``."""
+the kept cursor is not kept past an agent's ``cursor()``. So does one that
+patches only ``CursorWrapper._execute`` or swaps in a ``CursorWrapper``
+subclass of its own (``make_cursor`` looks the class up on each call)."""
 
 from __future__ import annotations
 
@@ -18,40 +20,12 @@ from django.db.backends import utils
 
 from idempotency_app import service
 from idempotency_app.store import postgresql
+from tests.store.test_past_the_cursor_connection_proxy_agent import TracedCursor
 from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 
 SCOPE = "tests:past-the-cursor-agent-shapes"
-
-
-class TracedCursor:
-    def __init__(self, wrapped: Any, traced: list[str]) -> None:
-        object.__setattr__(self, "_wrapped", wrapped)
-        object.__setattr__(self, "_traced", traced)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._wrapped, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._wrapped, name, value)
-
-    def __iter__(self) -> Any:
-        return iter(self._wrapped)
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: Any) -> Any:
-        return self._wrapped.__exit__(*exc)
-
-    def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-        self._traced.append(str(query))
-        return self._wrapped.execute(query, *args, **kwargs)
-
-    def executemany(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-        self._traced.append(str(query))
-        return self._wrapped.executemany(query, *args, **kwargs)
 
 
 def _request() -> None:
@@ -169,6 +143,29 @@ def agent_wraps_base_cursor(patch: pytest.MonkeyPatch, traced: list[str]) -> Non
     patch.setattr(BaseDatabaseWrapper, "cursor", cursor)
 
 
+def traced_executor(traced: list[str]) -> Any:
+    django_execute = utils.CursorWrapper._execute  # type: ignore[attr-defined]
+
+    def _execute(self: Any, sql: Any, *args: Any) -> Any:
+        traced.append(str(sql))
+        return django_execute(self, sql, *args)
+
+    return _execute
+
+
+def agent_patches_the_executor(patch: pytest.MonkeyPatch, traced: list[str]) -> None:
+    """Django's CursorWrapper._execute patched, its execute left alone."""
+    patch.setattr(utils.CursorWrapper, "_execute", traced_executor(traced))
+
+
+def agent_swaps_the_class(patch: pytest.MonkeyPatch, traced: list[str]) -> None:
+    """Django's CursorWrapper swapped for a traced subclass (make_cursor
+    looks the class up on its module at each call)."""
+    subclass = type("TracedCursorWrapper", (utils.CursorWrapper,), {})
+    subclass._execute = traced_executor(traced)  # type: ignore[attr-defined]
+    patch.setattr(utils, "CursorWrapper", subclass)
+
+
 AGENTS = [
     agent_execute_with_wrappers,
     agent_psycopg_connection_cursor,
@@ -177,6 +174,8 @@ AGENTS = [
     agent_code_patched,
     agent_wraps_create_cursor,
     agent_wraps_base_cursor,
+    agent_patches_the_executor,
+    agent_swaps_the_class,
 ]
 
 

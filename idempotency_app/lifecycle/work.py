@@ -669,22 +669,21 @@ def _guarded_cursor(
             if state is None or _suspended.get():
                 return original(self, *args, **kwargs)  # every statement outside work
             sql = sql_of(*args, **kwargs)
-            call = functools.partial(original, self, *args, **kwargs)
             judged = sql is state.judging and sql is not None
-            if (
+            elsewhere = (
                 alias == state.using
                 and not (judged and threading.get_ident() == state.thread)
                 and drivers.session(self.connection) != state.session
-            ):
-                # Not the work's connection (another thread's, which the
-                # work's context was copied to, or one opened by hand):
-                # nothing it writes can commit with the work.
-                return _judged(state, alias, sql, self, call, elsewhere=True)
-            if judged:
+            )
+            if judged and not elsewhere:
                 return original(self, *args, **kwargs)
-            if state.savepoints is not None and alias == state.using:
+            if state.savepoints is not None and alias == state.using and not elsewhere:
                 state.savepoints.flush(state.connection)
-            return _judged(state, alias, sql, self, call)
+            # Not the work's connection (``elsewhere``: another thread's, which
+            # the work's context was copied to, or one opened by hand):
+            # nothing it writes can commit with the work.
+            call = functools.partial(original, self, *args, **kwargs)
+            return _judged(state, alias, sql, self, call, elsewhere)
 
         return method
 

@@ -334,7 +334,10 @@ def _keep_interrupted(held: Claim) -> bool:
     its claim is kept as interrupted, never let go, so that no retry runs it
     again. False when the claim rolled back with that transaction."""
     try:
-        kept = store.backend(held.using).interrupt(held.identity, held.token, held.policy.ttl)
+        # On a connection of its own, which an enclosing unit's guard would
+        # refuse as another connection's write.
+        with work.by_the_library():
+            kept = store.backend(held.using).interrupt(held.identity, held.token, held.policy.ttl)
     except Error:
         logger.exception(
             "Could not mark idempotency key %r interrupted: its claim frees when its lease "

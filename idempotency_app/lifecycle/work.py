@@ -38,7 +38,6 @@ import contextlib
 import contextvars
 import functools
 import re
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -101,10 +100,9 @@ class _WorkState:
         self.vendor = connection.vendor
         self.refusals: list[CannotBeAtomic] = []
         self.transaction_open = drivers.transaction_probe(connection)
-        # The work's server session and thread: a driver cursor's statement
-        # on another session cannot commit with the work.
+        # The work's server session: a driver cursor's statement on another
+        # session cannot commit with the work.
         self.session = drivers.session(connection.connection)
-        self.thread = threading.get_ident()
         # The transaction has been seen open: seen closed from now on, it ended.
         self.started = False
         self.ended: TransactionEnded | None = None
@@ -662,20 +660,17 @@ def _guarded_cursor(
     base: type[Any], alias: str, methods: tuple[tuple[str, Callable[..., Any]], ...]
 ) -> type[Any]:
     def judging(name: str, sql_of: Callable[..., Any]) -> Callable[..., Any]:
-        original = getattr(base, name)
-
         def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            # Looked up per call: an agent may patch the driver's method later.
+            original = getattr(base, name)
             state = _work.get()
             if state is None or _suspended.get():
                 return original(self, *args, **kwargs)  # every statement outside work
             sql = sql_of(*args, **kwargs)
-            judged = sql is state.judging and sql is not None
-            elsewhere = (
-                alias == state.using
-                and not (judged and threading.get_ident() == state.thread)
-                and drivers.session(self.connection) != state.session
-            )
-            if judged and not elsewhere:
+            # Asked even of the statement Django's wrapper is judging: a
+            # wrapper of the work's may send it on another connection too.
+            elsewhere = alias == state.using and drivers.session(self.connection) != state.session
+            if sql is state.judging and sql is not None and not elsewhere:
                 return original(self, *args, **kwargs)
             if state.savepoints is not None and alias == state.using and not elsewhere:
                 state.savepoints.flush(state.connection)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import types
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -445,9 +446,10 @@ def existing(row: Sequence[Any]) -> Existing:
 # with the driver connection it belongs to.
 _KEPT_CURSOR = "_idempotency_statement_cursor"
 # The methods through which Django makes a cursor, any of which a backend
-# (django-tenants sets the tenant's search_path in ``_cursor``) or a tool
-# (django-debug-toolbar replaces ``cursor``) may have made its own.
-_CURSOR_METHODS = ("cursor", "_cursor", "_prepare_cursor")
+# (django-tenants sets the tenant's search_path in ``_cursor``), a tool
+# (django-debug-toolbar replaces ``cursor``) or an agent (on the connection
+# itself, as it is made) may have made its own.
+_CURSOR_METHODS = ("cursor", "_cursor", "_prepare_cursor", "create_cursor", "make_cursor")
 # A result at least this large is not left held by the kept cursor.
 HELD_RESULT_BYTES = 64 * 1024
 
@@ -459,11 +461,12 @@ def statement_cursor(connection: Any) -> Any:
     making and closing a driver cursor costs more than the statement sent
     through it. Not closed after use; the connection's next driver
     connection gets a new one. It is ``connection.cursor()`` itself where
-    that is not plainly Django's (``keeps_a_cursor``)."""
-    if not keeps_a_cursor(connection):
-        return connection.cursor()
+    that is not plainly Django's (``keeps_a_cursor``, asked once connected:
+    an agent may instrument the connection as it is made)."""
     connection.close_if_health_check_failed()
     connection.ensure_connection()
+    if not keeps_a_cursor(connection):
+        return connection.cursor()
     connection.validate_thread_sharing()
     return connection.make_cursor(kept_cursor(connection))
 
@@ -514,28 +517,37 @@ def _makes_cursors_as_django_does(cls: Any) -> bool:
 
 class Judgements:
     """Answers about a set of functions and their code, each set found by
-    identity: an agent that replaces a function, or rewrites its code in
-    place (ddtrace does), makes a new set. Looked up by comparison, not by
-    hash: hashing code objects costs more than the lookup is worth. The
-    sets are kept, and with them their code, so that the id of a code an
-    agent swapped out is never given to another."""
+    the identity of its members: an agent that replaces a function, wraps
+    it in a proxy (which compares equal to what it wraps) or rewrites its
+    code in place (ddtrace does) makes a new set. Found by comparing ids,
+    not by hashing the objects: hashing code objects costs more than the
+    lookup is worth. The sets judged are kept, and with them their
+    objects, so that the id of one an agent swapped out is never given to
+    another. Shared by a process's threads: the known sets and their
+    answers are replaced together, in one assignment."""
 
     def __init__(self, answer: Callable[[Any], bool]) -> None:
         self.answer = answer
-        self.keys: list[tuple[Any, ...]] = []
-        self.answers: list[bool] = []
+        self.known: tuple[tuple[tuple[int, ...], ...], tuple[bool, ...]] = ((), ())
+        self.kept: list[tuple[Any, ...]] = []
+        self.lock = threading.Lock()
 
-    def judge(self, key: tuple[Any, ...], functions: Any) -> bool:
-        """The answer for ``key``, asked of ``functions`` the first time."""
+    def judge(self, members: tuple[Any, ...], functions: Any) -> bool:
+        """The answer for the set ``members``, asked of ``functions`` the
+        first time."""
+        key = tuple(map(id, members))
+        keys, answers = self.known
         try:
-            return self.answers[self.keys.index(key)]
+            return answers[keys.index(key)]
         except ValueError:
             pass
         judged = self.answer(functions)
-        if len(self.keys) >= 32:  # a process that keeps changing them: judged each time
-            return judged
-        self.keys.append(key)
-        self.answers.append(judged)
+        with self.lock:
+            keys, answers = self.known
+            # A process that keeps changing them is judged each time.
+            if len(keys) < 32 and key not in keys:
+                self.kept.append(members)
+                self.known = ((*keys, key), (*answers, judged))
         return judged
 
 

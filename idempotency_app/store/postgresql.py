@@ -302,7 +302,7 @@ def unseen_by_agents(connection: Any) -> bool:
     read from libpq."""
     raw = connection.connection
     raw_class: Any = type(raw)  # not __class__, which a proxy forwards
-    if raw_class is not _psycopg_connection():
+    if raw_class is not _psycopg_connection() or "cursor" in vars(raw):  # an agent's, if set
         return False
     factory = raw.cursor_factory
     driver = getattr(factory, "__dict__", {}).get(GUARDED_CLASS, factory)  # not a subclass's
@@ -311,11 +311,13 @@ def unseen_by_agents(connection: Any) -> bool:
     make, create = django.make_cursor, django.create_cursor
     execute, executor = wrapper.execute, wrapper._execute  # type: ignore[attr-defined]
     wrappers = wrapper._execute_with_wrappers  # type: ignore[attr-defined]
+    init = wrapper.__init__
     try:
         created = getattr(create, "__wrapped__", create)  # what Django's async_unsafe wraps
         key = (
             *(factory, make, make.__code__, create, create.__code__, created, created.__code__),
             *(execute, execute.__code__, wrappers, wrappers.__code__, executor, executor.__code__),
+            *(init, init.__code__),
             *(raw_class.cursor, raw_class.cursor.__code__, driver.execute, driver.execute.__code__),
         )
     except AttributeError:  # not a function: an agent's
@@ -388,11 +390,12 @@ def _row_reader(connection: Any) -> Any:
 def _checked_as_by_cursor(connection: Any) -> bool:
     """Check the connection as Django does before it makes a cursor or
     runs a statement, connecting it if need be; False where Django would
-    not keep a cursor of its own (``keeps_a_cursor``)."""
-    if not keeps_a_cursor(connection):
-        return False
+    not keep a cursor of its own (``keeps_a_cursor``), asked once connected,
+    as an agent may instrument the connection as it is made."""
     connection.close_if_health_check_failed()
     connection.ensure_connection()
+    if not keeps_a_cursor(connection):
+        return False
     connection.validate_thread_sharing()
     connection.validate_no_broken_transaction()
     return True
@@ -420,7 +423,7 @@ def _claims_unseen(connection: Any, params: dict[str, Any]) -> bool:
 _PATH_MODULES = (
     "django.db.backends.base.base",
     "django.db.backends.postgresql.base",
-    *[utils.__name__] * 3,
+    *[utils.__name__] * 4,
     "psycopg.connection",
     "psycopg.cursor",
 )
@@ -438,7 +441,7 @@ def _psycopg_connection() -> Any:
 def _agent_free(key: tuple[Any, ...]) -> bool:
     """Whether no agent stands between a statement and the server: every
     function along a cursor's way (Django's ``make_cursor``,
-    ``create_cursor`` and ``CursorWrapper`` methods, psycopg's
+    ``create_cursor`` and ``CursorWrapper`` methods and maker, psycopg's
     ``Connection.cursor`` and its cursor's ``execute``) is its library's
     own (``base.all_own``), and the cursors are psycopg's client-side ones.
     An agent replaces or wraps one of them (Sentry and Scout patch

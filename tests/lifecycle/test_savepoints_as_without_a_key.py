@@ -8,13 +8,14 @@ the connection's state afterwards."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from idempotency_app import service
@@ -151,31 +152,36 @@ def test_a_replaced_cursor_wrapper_execute_sees_the_savepoint_and_its_release(
 
 
 @pytest.mark.postgresql
-def test_a_block_in_the_work_makes_no_cursor(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_block_in_the_work_makes_no_cursor() -> None:
     """Where nobody would see the difference, a block's SAVEPOINT and RELEASE
     make no cursor (each would cost more than the rest of the block): this
     fails if Django stops creating savepoints through the connection's
     ``_savepoint`` and ``_savepoint_commit``."""
     made: list[str] = []
     connection.ensure_connection()
-    create_cursor = connection.create_cursor
+    # Counted by a profile hook: a create_cursor replaced on the connection
+    # would be an agent's, and the blocks would then make their cursors.
+    create_cursor = type(connections["default"]).create_cursor
+    code = getattr(create_cursor, "__wrapped__", create_cursor).__code__
 
-    def counting(name: Any = None) -> Any:
-        made.append("cursor")
-        return create_cursor(name)
-
-    monkeypatch.setattr(connection, "create_cursor", counting)
+    def counting(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is code:
+            made.append("cursor")
 
     def work() -> list[str]:
         Charge.objects.create(label="before")
-        before = len(made)
-        with transaction.atomic(), transaction.atomic():
-            pass
-        with transaction.atomic():
-            pass
-        return made[before:]
+        sys.setprofile(counting)
+        try:
+            with transaction.atomic(), transaction.atomic():
+                pass
+            with transaction.atomic():
+                pass
+            Charge.objects.create(label="after")  # counted: the hook sees cursors made
+        finally:
+            sys.setprofile(None)
+        return made
 
-    assert once(str(uuid.uuid4()), work) == []
+    assert once(str(uuid.uuid4()), work) == ["cursor"]
     assert "before" in labels()
     assert "_savepoint" not in vars(connection), "Django's own methods are back"
 

@@ -147,7 +147,10 @@ class Settings:
         return user
 
     def _get(self, name: str) -> Any:
-        return self.user_settings.get(name, DEFAULTS[name])
+        user = self._user_settings  # read here, not through the property: 17 times a request
+        if user is None:
+            user = self.user_settings
+        return user.get(name, DEFAULTS[name])
 
     @property
     def ENABLED(self) -> bool:

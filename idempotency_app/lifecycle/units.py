@@ -53,7 +53,7 @@ from idempotency_app.lifecycle.claims import (
 from idempotency_app.lifecycle.drivers import is_lock_conflict, is_outage
 from idempotency_app.lifecycle.work import UnitAtomic
 from idempotency_app.store import Existing, Identity, StoredResponse
-from idempotency_app.store.base import runs_alone
+from idempotency_app.store.base import judging_per_unit, runs_alone
 
 logger = logging.getLogger("idempotency_app")
 
@@ -123,7 +123,7 @@ def claimed(identity: Identity, policy: Policy) -> Iterator[Claim | Replay]:
     so letting go is its rollback."""
     connection = connections[policy.using]
     nested = not runs_alone(connection)
-    with UnitAtomic(policy.using) if nested else contextlib.nullcontext():
+    with judging_per_unit(), UnitAtomic(policy.using) if nested else contextlib.nullcontext():
         yield claim(identity, policy, connection)
 
 

@@ -15,11 +15,12 @@ A vendor module (``postgresql``, ``mysql``, ``sqlite``) subclasses
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import threading
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -490,16 +491,17 @@ def keeps_a_cursor(connection: Any) -> bool:
     other thread may use it (two threads on one cursor would read each
     other's results)."""
     return (
-        _makes_cursors_as_django_does(type(connection))
+        judged_for_the_unit(connection, _makes_cursors_as_django_does)
         and vars(connection).keys().isdisjoint(_CURSOR_METHODS)
         and not connection.queries_logged
         and not connection.allow_thread_sharing
     )
 
 
-def _makes_cursors_as_django_does(cls: Any) -> bool:
-    """Whether the class's cursor makers are Django's own, code and all (an
-    agent may replace ``BaseDatabaseWrapper.cursor`` itself)."""
+def _makes_cursors_as_django_does(connection: Any) -> bool:
+    """Whether the connection class's cursor makers are Django's own, code
+    and all (an agent may replace ``BaseDatabaseWrapper.cursor`` itself)."""
+    cls = type(connection)
     cursor, made, prepared = cls.cursor, cls._cursor, cls._prepare_cursor
     try:
         inner = cursor.__wrapped__  # what Django's async_unsafe wraps
@@ -513,6 +515,42 @@ def _makes_cursors_as_django_does(cls: Any) -> bool:
 
 
 # -- Whether a function is still the one its library defines --------------------
+
+# What the checks of the functions on a cursor's way answered, per driver
+# connection, for the unit running in this context (``judging_per_unit``).
+_JUDGED_FOR_THE_UNIT: contextvars.ContextVar[list[tuple[Any, Any, bool]] | None] = (
+    contextvars.ContextVar("idempotency_judged_for_the_unit", default=None)
+)
+
+
+@contextlib.contextmanager
+def judging_per_unit() -> Iterator[None]:
+    """While a unit (a claim, its work and its completion) runs, the
+    functions on a cursor's way are checked at its first statement that
+    could go past the cursor and the answer holds for the rest of it:
+    agents are installed as a process starts, or between requests, not
+    in the middle of one. What a connection itself says (its execute
+    wrappers, query log, driver state) is still asked per statement."""
+    reset = _JUDGED_FOR_THE_UNIT.set([])
+    try:
+        yield
+    finally:
+        _JUDGED_FOR_THE_UNIT.reset(reset)
+
+
+def judged_for_the_unit(connection: Any, check: Callable[[Any], bool]) -> bool:
+    """``check(connection)``, answered once per driver connection while a
+    unit runs (``judging_per_unit``), else each time."""
+    judged = _JUDGED_FOR_THE_UNIT.get()
+    if judged is None:
+        return check(connection)
+    raw = connection.connection
+    for known, asked, answer in judged:
+        if known is raw and asked is check:
+            return answer
+    answer = check(connection)
+    judged.append((raw, check, answer))
+    return answer
 
 
 class Judgements:

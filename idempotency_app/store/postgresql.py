@@ -298,12 +298,25 @@ def unseen_by_agents(connection: Any) -> bool:
     open, outside pipeline mode, and in a session in UTF-8 (what the
     library's statements are encoded in when sent this way). Asked several
     times per request: what an agent could have replaced is answered once
-    per set of those functions and their code (``_agent_free``), the rest
-    read from libpq."""
+    per unit (``base.judging_per_unit``) and once per set of those
+    functions and their code (``_agent_free``), the rest read from libpq."""
     raw = connection.connection
-    raw_class: Any = type(raw)  # not __class__, which a proxy forwards
-    if raw_class is not _psycopg_connection() or "cursor" in vars(raw):  # an agent's, if set
+    if type(raw) is not _psycopg_connection() or "cursor" in vars(raw):  # an agent's, if set
+        return False  # (type, not __class__, which a proxy forwards)
+    if not base.judged_for_the_unit(connection, _functions_own):
         return False
+    pgconn = raw.pgconn
+    return bool(
+        pgconn.pipeline_status == 0
+        and pgconn.status == _CONNECTION_OK  # else its errors are Django's to raise
+        and pgconn.parameter_status(b"client_encoding") == b"UTF8"
+    )
+
+
+def _functions_own(connection: Any) -> bool:
+    """``unseen_by_agents``'s question of the functions on a cursor's way."""
+    raw = connection.connection
+    raw_class: Any = type(raw)
     factory = raw.cursor_factory
     driver = getattr(factory, "__dict__", {}).get(GUARDED_CLASS, factory)  # not a subclass's
     django = type(connection)
@@ -322,14 +335,7 @@ def unseen_by_agents(connection: Any) -> bool:
         )
     except AttributeError:  # not a function: an agent's
         return False
-    if not _AGENT_FREE.judge(key, key):
-        return False
-    pgconn = raw.pgconn
-    return bool(
-        pgconn.pipeline_status == 0
-        and pgconn.status == _CONNECTION_OK  # else its errors are Django's to raise
-        and pgconn.parameter_status(b"client_encoding") == b"UTF8"
-    )
+    return _AGENT_FREE.judge(key, key)
 
 
 def _past_the_cursor(connection: Any) -> bool:

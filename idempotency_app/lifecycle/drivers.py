@@ -67,13 +67,6 @@ def transaction_probe(connection: Any) -> TransactionProbe | None:
     return None
 
 
-def ended_on_the_server(connection: Any) -> bool:
-    """Whether psycopg 3 says no transaction is open on ``connection``'s
-    session, so that its commit() would send nothing (other drivers: False)."""
-    pgconn = getattr(connection.connection, "pgconn", None)
-    return pgconn is not None and pgconn.transaction_status == _PQ_IDLE
-
-
 def session(raw: Any) -> Any:
     """Which server session the driver connection ``raw`` is, whatever
     proxy an APM agent put around it (the proxy hands these on): psycopg's

@@ -87,29 +87,6 @@ class UnitAtomic(Atomic):
     def _from_testcase(self, value: bool) -> None:
         pass  # Atomic.__init__ sets it; a unit is never a test case's block
 
-    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        """Where the COMMIT went with the completion (PostgreSQL), Django's
-        commit() would find no transaction to end and send nothing: what it
-        records is recorded here instead, for about a quarter of the block's
-        cost. Anything else is Django's."""
-        connection = transaction.get_connection(self.using)
-        if (
-            exc_type is None
-            and connection.commit_on_exit
-            and not connection.savepoint_ids  # the outermost block, committing
-            and not connection.needs_rollback
-            and not connection.closed_in_transaction
-            and not connection.queries_logged  # Django would log the COMMIT
-            and drivers.ended_on_the_server(connection)
-        ):
-            connection.atomic_blocks.pop()
-            connection.in_atomic_block = False
-            connection.errors_occurred = False  # as commit() does
-            connection.run_commit_hooks_on_set_autocommit_on = True
-            connection.set_autocommit(True)  # runs the on_commit hooks
-            return
-        super().__exit__(exc_type, exc_value, traceback)
-
 
 class _WorkState:
     """The work running in this context: its refusals, and what the driver

@@ -1,7 +1,7 @@
-"""Where the COMMIT goes in one message with the completion (PostgreSQL),
-the unit's block records the commit Django's own would have found
-nothing to send for: the hooks, the connection's state and the next
-request are as after Django's commit."""
+"""A unit's commit, sent with its completion on PostgreSQL, leaves the
+connection as Django's commit does: its on_commit hooks run once, a hook
+that raises is Django's to report, and the connection is back in
+autocommit for the next request."""
 
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ import pytest
 from django.db import connections, transaction
 
 from idempotency_app import service
-from idempotency_app.exceptions import WorkRolledBack
 from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
-SCOPE = "tests:commit-with-completion"
+SCOPE = "tests:unit-commit-hooks"
 
 
 def _once(work: Any) -> Any:
@@ -67,29 +66,3 @@ def test_a_hook_that_raises_is_django_s_to_report() -> None:
     with service.once(SCOPE, key, "op") as again:
         assert not again.should_execute
         assert again.result == "done"
-
-
-@pytest.mark.postgresql
-def test_the_commit_sent_with_the_completion_is_not_asked_of_django_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    connection = connections["default"]
-    connection.ensure_connection()
-    commits: list[str] = []
-    commit = connection.commit
-
-    def counting() -> None:
-        commits.append("commit")
-        commit()
-
-    monkeypatch.setattr(connection, "commit", counting)
-    assert _once(lambda: Charge.objects.create(label="one").label) == "one"
-    assert commits == []
-    # Marked for rollback, the unit is Django's to end.
-    with pytest.raises(WorkRolledBack), service.once(SCOPE, str(uuid.uuid4()), "op") as run:
-        if run.should_execute:
-            Charge.objects.create(label="rolled back")
-            transaction.set_rollback(True)
-            run.result = "done"
-    assert list(Charge.objects.values_list("label", flat=True)) == ["one"]
-    assert connection.get_autocommit() and not connection.in_atomic_block

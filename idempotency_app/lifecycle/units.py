@@ -122,9 +122,12 @@ def claimed(identity: Identity, policy: Policy) -> Iterator[Claim | Replay]:
     transaction the claim, the work and the completion share one savepoint,
     so letting go is its rollback."""
     connection = connections[policy.using]
-    nested = not runs_alone(connection)
-    with judging_per_unit(), UnitAtomic(policy.using) if nested else contextlib.nullcontext():
-        yield claim(identity, policy, connection)
+    with judging_per_unit():
+        if runs_alone(connection):
+            yield claim(identity, policy, connection)
+        else:
+            with UnitAtomic(policy.using):
+                yield claim(identity, policy, connection)
 
 
 def execute(held: Claim, work: Callable[[], T], settle: Settle[T]) -> Executed[T]:

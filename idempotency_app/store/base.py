@@ -20,7 +20,7 @@ import json
 import os
 import threading
 import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -518,38 +518,41 @@ def _makes_cursors_as_django_does(connection: Any) -> bool:
 
 # What the checks of the functions on a cursor's way answered, per driver
 # connection, for the unit running in this context (``judging_per_unit``).
-_JUDGED_FOR_THE_UNIT: contextvars.ContextVar[list[tuple[Any, Any, bool]] | None] = (
+_JUDGED_FOR_THE_UNIT: contextvars.ContextVar[list[tuple[Any, Any, Any, bool]] | None] = (
     contextvars.ContextVar("idempotency_judged_for_the_unit", default=None)
 )
 
 
-@contextlib.contextmanager
-def judging_per_unit() -> Iterator[None]:
+class judging_per_unit:
     """While a unit (a claim, its work and its completion) runs, the
     functions on a cursor's way are checked at its first statement that
     could go past the cursor and the answer holds for the rest of it:
     agents are installed as a process starts, or between requests, not
     in the middle of one. What a connection itself says (its execute
-    wrappers, query log, driver state) is still asked per statement."""
-    reset = _JUDGED_FOR_THE_UNIT.set([])
-    try:
-        yield
-    finally:
-        _JUDGED_FOR_THE_UNIT.reset(reset)
+    wrappers, query log, driver state) is still asked per statement.
+    A class: every request enters it, a replay from memory included."""
+
+    def __enter__(self) -> None:
+        self.reset = _JUDGED_FOR_THE_UNIT.set([])
+
+    def __exit__(self, *exc_info: object) -> None:
+        _JUDGED_FOR_THE_UNIT.reset(self.reset)
 
 
-def judged_for_the_unit(connection: Any, check: Callable[[Any], bool]) -> bool:
-    """``check(connection)``, answered once per driver connection while a
-    unit runs (``judging_per_unit``), else each time."""
+def judged_for_the_unit(connection: Any, check: Callable[[Any], bool], state: Any = None) -> bool:
+    """``check(connection)``, answered once per driver connection and
+    ``state`` (what of the connection's own the check reads, such as the
+    cursor class OpenTelemetry may set on it at any time) while a unit runs
+    (``judging_per_unit``), else each time."""
     judged = _JUDGED_FOR_THE_UNIT.get()
     if judged is None:
         return check(connection)
     raw = connection.connection
-    for known, asked, answer in judged:
-        if known is raw and asked is check:
+    for known, asked, read, answer in judged:
+        if known is raw and asked is check and read is state:
             return answer
     answer = check(connection)
-    judged.append((raw, check, answer))
+    judged.append((raw, check, state, answer))
     return answer
 
 

@@ -303,7 +303,7 @@ def unseen_by_agents(connection: Any) -> bool:
     raw = connection.connection
     if type(raw) is not _psycopg_connection() or "cursor" in vars(raw):  # an agent's, if set
         return False  # (type, not __class__, which a proxy forwards)
-    if not base.judged_for_the_unit(connection, _functions_own):
+    if not base.judged_for_the_unit(connection, _functions_own, raw.cursor_factory):
         return False
     pgconn = raw.pgconn
     return bool(

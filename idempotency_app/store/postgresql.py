@@ -301,8 +301,10 @@ def unseen_by_agents(connection: Any) -> bool:
     per unit (``base.judging_per_unit``) and once per set of those
     functions and their code (``_agent_free``), the rest read from libpq."""
     raw = connection.connection
-    if type(raw) is not _psycopg_connection() or "cursor" in vars(raw):  # an agent's, if set
-        return False  # (type, not __class__, which a proxy forwards)
+    # type(), not __class__, which a proxy forwards; a cursor maker set on
+    # the connection itself is an agent's.
+    if type(raw) is not _psycopg_connection() or "cursor" in getattr(raw, "__dict__", ()):
+        return False
     if not base.judged_for_the_unit(connection, _functions_own, raw.cursor_factory):
         return False
     pgconn = raw.pgconn

@@ -28,7 +28,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 SCOPE = "tests:past-the-cursor-agent-shapes"
 
 
-def _request() -> None:
+def one_request() -> None:
+    """A keyed unit whose work has a block: a claim, a SAVEPOINT, an INSERT
+    and a completion, each of which an agent must see."""
     with service.once(SCOPE, str(uuid.uuid4()), "op") as run:
         if run.should_execute:
             with transaction.atomic():
@@ -37,7 +39,7 @@ def _request() -> None:
     assert run.result == "done"
 
 
-def _check(traced: list[str]) -> None:
+def saw_each_statement_once(traced: list[str]) -> None:
     assert any("INSERT" in s and "charge" in s.lower() for s in traced), traced
     claims = [s for s in traced if postgresql.CLAIM_FUNCTION in s]
     completions = [s for s in traced if "WITH done AS (UPDATE" in s]
@@ -185,13 +187,13 @@ def test_an_agent_installed_before_or_after_the_first_request_sees_the_claim(
     agent: Any, warmed: bool
 ) -> None:
     if warmed:
-        _request()  # warms every cache
+        one_request()  # warms every cache
     traced: list[str] = []
     connection.close()
     with pytest.MonkeyPatch.context() as patch:
         agent(patch, traced)
         try:
-            _request()
+            one_request()
         finally:
             connection.close()
-    _check(traced)
+    saw_each_statement_once(traced)

@@ -13,36 +13,22 @@ agent-replaced ``CursorWrapper.__init__`` takes the cursor's way)."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.db.backends import utils
 
-from idempotency_app import service
-from idempotency_app.store import postgresql
+from tests.store.test_past_the_cursor_agent_shapes import one_request, saw_each_statement_once
 from tests.store.test_past_the_cursor_connection_proxy_agent import TracedCursor
-from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
-
-SCOPE = "tests:wrapper-init"
-
-
-def _request() -> None:
-    with service.once(SCOPE, str(uuid.uuid4()), "op") as run:
-        if run.should_execute:
-            with transaction.atomic():
-                Charge.objects.create(label="a")
-            run.result = "done"
-    assert run.result == "done"
 
 
 @pytest.mark.parametrize("warmed", [False, True], ids=["before", "after"])
 def test_an_agent_wrapping_the_cursor_in_cursorwrapper_init_sees_the_claim(warmed: bool) -> None:
     if warmed:
-        _request()
+        one_request()
     traced: list[str] = []
     original = utils.CursorWrapper.__init__
 
@@ -53,11 +39,7 @@ def test_an_agent_wrapping_the_cursor_in_cursorwrapper_init_sees_the_claim(warme
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(utils.CursorWrapper, "__init__", __init__)
         try:
-            _request()
+            one_request()
         finally:
             connection.close()
-    assert any("INSERT" in s and "charge" in s.lower() for s in traced), traced
-    claims = [s for s in traced if postgresql.CLAIM_FUNCTION in s]
-    completions = [s for s in traced if "WITH done AS (UPDATE" in s]
-    savepoints = [s for s in traced if s.startswith("SAVEPOINT")]
-    assert (len(claims), len(completions), len(savepoints)) == (1, 1, 1), traced
+    saw_each_statement_once(traced)

@@ -15,30 +15,16 @@ through the cursor and the agent sees them."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, connections
 from django.db.backends.signals import connection_created
 
-from idempotency_app import service
-from idempotency_app.store import postgresql
+from tests.store.test_past_the_cursor_agent_shapes import one_request, saw_each_statement_once
 from tests.store.test_past_the_cursor_connection_proxy_agent import TracedCursor
-from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
-
-SCOPE = "tests:instance-cursor"
-
-
-def _request() -> None:
-    with service.once(SCOPE, str(uuid.uuid4()), "op") as run:
-        if run.should_execute:
-            with transaction.atomic():
-                Charge.objects.create(label="a")
-            run.result = "done"
-    assert run.result == "done"
 
 
 def on_driver_connection(connection: Any, traced: list[str]) -> None:
@@ -87,14 +73,10 @@ def test_an_agent_on_a_connection_instance_sees_the_claim(install: Any) -> None:
     connection.close()
     connection_created.connect(instrument, weak=False)
     try:
-        _request()
+        one_request()
     finally:
         connection_created.disconnect(instrument)
         connection.close()
     for name in ("create_cursor", "make_cursor"):  # the instance's patch undone
         vars(connections["default"]).pop(name, None)
-    assert any("INSERT" in s and "charge" in s.lower() for s in traced), traced
-    claims = [s for s in traced if postgresql.CLAIM_FUNCTION in s]
-    completions = [s for s in traced if "WITH done AS (UPDATE" in s]
-    savepoints = [s for s in traced if s.startswith("SAVEPOINT")]
-    assert (len(claims), len(completions), len(savepoints)) == (1, 1, 1), traced
+    saw_each_statement_once(traced)

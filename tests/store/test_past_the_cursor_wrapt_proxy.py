@@ -13,21 +13,17 @@ request (``tests/store/test_past_the_cursor_agent_shapes.py``)."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.db.backends import utils
 
-from idempotency_app import service
 from idempotency_app.store import base, postgresql
+from tests.store.test_past_the_cursor_agent_shapes import one_request, saw_each_statement_once
 from tests.store.test_past_the_cursor_connection_proxy_agent import TracedCursor
-from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
-
-SCOPE = "tests:wrapt"
 
 
 class ObjectProxy:
@@ -74,23 +70,6 @@ class FunctionWrapper(ObjectProxy):
         return self._self_wrapper(self.__wrapped__, None, args, kwargs)
 
 
-def _request() -> None:
-    with service.once(SCOPE, str(uuid.uuid4()), "op") as run:
-        if run.should_execute:
-            with transaction.atomic():
-                Charge.objects.create(label="a")
-            run.result = "done"
-    assert run.result == "done"
-
-
-def _check(traced: list[str]) -> None:
-    assert any("INSERT" in s and "charge" in s.lower() for s in traced), traced
-    claims = [s for s in traced if postgresql.CLAIM_FUNCTION in s]
-    completions = [s for s in traced if "WITH done AS (UPDATE" in s]
-    savepoints = [s for s in traced if s.startswith("SAVEPOINT")]
-    assert (len(claims), len(completions), len(savepoints)) == (1, 1, 1), traced
-
-
 def wrapt_execute(patch: pytest.MonkeyPatch, traced: list[str]) -> None:
     """wrapt.wrap_function_wrapper(utils, "CursorWrapper.execute", ...)"""
 
@@ -124,13 +103,13 @@ def test_a_wrapt_agent_installed_after_the_first_request_sees_the_claim(
     # A fresh process: nothing judged yet (another test's keys would decide).
     monkeypatch.setattr(postgresql, "_AGENT_FREE", base.Judgements(postgresql._agent_free))
     if warmed:
-        _request()  # warms every cache
+        one_request()  # warms every cache
     traced: list[str] = []
     connection.close()
     with pytest.MonkeyPatch.context() as patch:
         agent(patch, traced)
         try:
-            _request()
+            one_request()
         finally:
             connection.close()
-    _check(traced)
+    saw_each_statement_once(traced)

@@ -186,8 +186,14 @@ AGENTS = [
 def test_an_agent_installed_before_or_after_the_first_request_sees_the_claim(
     agent: Any, warmed: bool
 ) -> None:
+    an_agent_sees_each_statement(agent, warmed)
+
+
+def an_agent_sees_each_statement(agent: Any, warmed: bool) -> None:
+    """``agent`` installed on a new connection, before the first request or
+    after it warmed every cache, sees each of the next one's statements."""
     if warmed:
-        one_request()  # warms every cache
+        one_request()
     traced: list[str] = []
     connection.close()
     with pytest.MonkeyPatch.context() as patch:

@@ -16,11 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.db.backends import utils
 
 from idempotency_app.store import base, postgresql
-from tests.store.test_past_the_cursor_agent_shapes import one_request, saw_each_statement_once
+from tests.store.test_past_the_cursor_agent_shapes import an_agent_sees_each_statement
 from tests.store.test_past_the_cursor_connection_proxy_agent import TracedCursor
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
@@ -102,14 +101,4 @@ def test_a_wrapt_agent_installed_after_the_first_request_sees_the_claim(
 ) -> None:
     # A fresh process: nothing judged yet (another test's keys would decide).
     monkeypatch.setattr(postgresql, "_AGENT_FREE", base.Judgements(postgresql._agent_free))
-    if warmed:
-        one_request()  # warms every cache
-    traced: list[str] = []
-    connection.close()
-    with pytest.MonkeyPatch.context() as patch:
-        agent(patch, traced)
-        try:
-            one_request()
-        finally:
-            connection.close()
-    saw_each_statement_once(traced)
+    an_agent_sees_each_statement(agent, warmed)

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from idempotency_app.decorators import idempotent
 from idempotency_app.models import IdempotencyRecord
 from tests.conftest import charge_labels as labels, post
+from tests.savepoints import savepoint
 from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls(__name__)]
@@ -25,8 +26,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls(__name__
 
 def _refused_release_dropped() -> None:
     Charge.objects.create(label="w")
-    outer = transaction.savepoint()
-    inner = transaction.savepoint()
+    outer = savepoint()
+    inner = savepoint()
     with transaction.atomic():  # RELEASE refused: destroyed below
         Charge.objects.create(label="undone")
         transaction.savepoint_rollback(inner)
@@ -35,7 +36,7 @@ def _refused_release_dropped() -> None:
 
 def _refused_release_kept() -> None:
     Charge.objects.create(label="w")
-    sid = transaction.savepoint()
+    sid = savepoint()
     with transaction.atomic():
         transaction.savepoint_rollback(sid)
 

@@ -27,6 +27,7 @@ from tests.conftest import (
     operator,
     replay_cache as cached,
 )
+from tests.savepoints import savepoint
 from tests.testapp.models import Charge, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -214,7 +215,7 @@ def test_a_hand_managed_transaction_on_a_fresh_connection(autocommit_off: None) 
 def _release_then_rollback_to_same() -> Any:
     def work() -> str:
         Charge.objects.create(label="kept")
-        sid = transaction.savepoint()
+        sid = savepoint()
         Charge.objects.create(label="inside sid")
         transaction.savepoint_commit(sid)
         try:
@@ -229,9 +230,9 @@ def _release_then_rollback_to_same() -> Any:
 def _release_outer_then_rollback_to_inner() -> Any:
     def work() -> str:
         Charge.objects.create(label="kept")
-        outer = transaction.savepoint()
+        outer = savepoint()
         Charge.objects.create(label="inside outer")
-        inner = transaction.savepoint()
+        inner = savepoint()
         Charge.objects.create(label="inside inner")
         transaction.savepoint_commit(outer)  # releases inner too
         try:

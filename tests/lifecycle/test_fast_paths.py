@@ -23,6 +23,7 @@ from idempotency_app.lifecycle import replays
 from idempotency_app.lifecycle.claims import Claim
 from idempotency_app.models import IdempotencyRecord
 from tests.conftest import charge_labels as labels, new_key, once_in, replay_cache as cached
+from tests.savepoints import savepoint
 from tests.testapp.models import Charge, LedgerEntry, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -343,7 +344,7 @@ def test_nested_once_inside_the_work_whose_inner_block_fails() -> None:
 
 def test_manual_savepoint_api_rolls_back_across_a_held_release() -> None:
     def work() -> str:
-        sid = transaction.savepoint()
+        sid = savepoint()
         with transaction.atomic():
             Charge.objects.create(label="in an inner block, undone with sid")
         # RELEASE of the inner block is held here; roll back to sid.

@@ -13,6 +13,7 @@ from django.db import DatabaseError, connection, connections, transaction
 from idempotency_app import service
 from idempotency_app.models import IdempotencyRecord
 from tests.conftest import charge_labels as labels
+from tests.savepoints import savepoint
 from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
@@ -103,7 +104,7 @@ def test_double_release_carried_by_savepoint_create_is_not_success() -> None:
         Charge.objects.create(label="a")
         try:
             with transaction.atomic():
-                sid = transaction.savepoint()
+                sid = savepoint()
                 Charge.objects.create(label="b")
                 transaction.savepoint_commit(sid)
                 try:

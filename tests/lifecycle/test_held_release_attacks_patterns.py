@@ -14,6 +14,7 @@ from idempotency_app import service
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import base as store_base
 from tests.lifecycle.test_held_release_attacks import LAST, outcome, same
+from tests.savepoints import savepoint
 from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
@@ -91,13 +92,13 @@ def test_get_or_create_race_pattern_in_blocks() -> None:
 def test_manual_savepoint_api_correct_use_many() -> None:
     def work() -> str:
         Charge.objects.create(label="a")
-        s1 = transaction.savepoint()
+        s1 = savepoint()
         Charge.objects.create(label="b")
-        s2 = transaction.savepoint()
+        s2 = savepoint()
         Charge.objects.create(label="c")
         transaction.savepoint_rollback(s2)
         transaction.savepoint_commit(s2)  # Django itself does this after a rollback
-        s3 = transaction.savepoint()
+        s3 = savepoint()
         Charge.objects.create(label="d")
         transaction.savepoint_commit(s3)
         transaction.savepoint_commit(s1)

@@ -11,6 +11,7 @@ import pytest
 from django.db import connections, transaction
 
 from tests.lifecycle.test_held_release_attacks import LAST, same
+from tests.savepoints import savepoint
 from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
@@ -77,7 +78,7 @@ def test_refused_release_swallowed_by_a_helper_threads_connection() -> None:
 
     def work() -> str:
         Charge.objects.create(label="a")
-        sid = transaction.savepoint()
+        sid = savepoint()
         Charge.objects.create(label="b")
         transaction.savepoint_commit(sid)
         transaction.savepoint_commit(sid)  # plain: 3B001 here
@@ -101,7 +102,7 @@ def test_refused_release_swallowed_via_asgiref_sync_to_async_thread_insensitive(
 
     def work() -> str:
         Charge.objects.create(label="a")
-        sid = transaction.savepoint()
+        sid = savepoint()
         Charge.objects.create(label="b")
         transaction.savepoint_commit(sid)
         transaction.savepoint_commit(sid)  # plain: 3B001 here

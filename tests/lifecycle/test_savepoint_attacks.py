@@ -16,6 +16,7 @@ from idempotency_app import service
 from idempotency_app.exceptions import CannotBeAtomic, WorkRolledBack
 from idempotency_app.models import IdempotencyRecord
 from tests.conftest import charge_labels as labels
+from tests.savepoints import savepoint
 from tests.testapp.models import AuditEntry, Charge, LedgerEntry, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -97,7 +98,7 @@ def test_no_hook_when_a_held_release_is_refused(key: str, caller: str) -> None:
     def work() -> str:
         Charge.objects.create(label="w")
         transaction.on_commit(lambda: hooks.append("ran"))
-        sid = transaction.savepoint()
+        sid = savepoint()
         with transaction.atomic():
             transaction.savepoint_rollback(sid)
         return "done"
@@ -281,8 +282,8 @@ def test_a_failed_savepoint_false_block_at_the_top_caught_is_no_success(key: str
 def test_a_raw_release_of_a_destroyed_savepoint_fails_the_work(key: str, release: str) -> None:
     def work() -> str:
         Charge.objects.create(label="w")
-        outer = transaction.savepoint()
-        inner = transaction.savepoint()
+        outer = savepoint()
+        inner = savepoint()
         transaction.savepoint_rollback(outer)  # destroys inner
         with connection.cursor() as c:
             c.execute(release.format(sid=inner))
@@ -303,8 +304,8 @@ def test_a_raw_release_of_a_destroyed_savepoint_fails_the_work(key: str, release
 def test_a_raw_rollback_to_does_not_drop_a_refused_release(key: str, rollback: str) -> None:
     def work() -> str:
         Charge.objects.create(label="w")
-        outer = transaction.savepoint()
-        inner = transaction.savepoint()
+        outer = savepoint()
+        inner = savepoint()
         transaction.savepoint_commit(inner)
         transaction.savepoint_commit(inner)  # refused without a key
         with connection.cursor() as c:
@@ -338,7 +339,7 @@ def test_sql_that_cannot_carry_a_refused_release_still_fails_the_work(
     key: str, then: Callable[[], None]
 ) -> None:
     def work() -> str:
-        sid = transaction.savepoint()
+        sid = savepoint()
         with transaction.atomic():  # its RELEASE is refused
             transaction.savepoint_rollback(sid)
         then()
@@ -371,7 +372,7 @@ def test_a_write_to_the_other_alias_caught_is_still_refused(key: str) -> None:
 def test_a_refused_release_around_a_read_of_the_other_alias(key: str) -> None:
     def work() -> str:
         Charge.objects.create(label="w")
-        sid = transaction.savepoint()
+        sid = savepoint()
         with transaction.atomic():
             transaction.savepoint_rollback(sid)
         list(AuditEntry.objects.using("other").all())

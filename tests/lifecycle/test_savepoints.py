@@ -25,6 +25,7 @@ from idempotency_app import service
 from idempotency_app.exceptions import WorkRolledBack
 from idempotency_app.models import IdempotencyRecord
 from tests.conftest import charge_labels as labels, end_session, session_id
+from tests.savepoints import savepoint
 from tests.store.test_round_trips import round_trips
 from tests.testapp.models import Charge, Tag
 
@@ -216,10 +217,10 @@ def test_executemany_and_the_drivers_cursor_inside_a_block() -> None:
 def test_the_manual_savepoint_api() -> None:
     def work() -> str:
         Charge.objects.create(label="kept")
-        sid = transaction.savepoint()
+        sid = savepoint()
         Charge.objects.create(label="undone")
         transaction.savepoint_rollback(sid)
-        sid = transaction.savepoint()
+        sid = savepoint()
         Charge.objects.create(label="released")
         transaction.savepoint_commit(sid)
         return "done"
@@ -230,7 +231,7 @@ def test_the_manual_savepoint_api() -> None:
 
 def _refused_release_in_a_block_that_ends_the_work() -> str:
     Charge.objects.create(label="before the savepoint")
-    sid = transaction.savepoint()
+    sid = savepoint()
     with transaction.atomic():  # its RELEASE is refused: the rollback below destroyed it
         Charge.objects.create(label="undone")
         transaction.savepoint_rollback(sid)
@@ -239,7 +240,7 @@ def _refused_release_in_a_block_that_ends_the_work() -> str:
 
 def _savepoint_released_twice() -> str:
     Charge.objects.create(label="w")
-    sid = transaction.savepoint()
+    sid = savepoint()
     transaction.savepoint_commit(sid)
     transaction.savepoint_commit(sid)  # the server refuses: no such savepoint
     return "done"
@@ -247,8 +248,8 @@ def _savepoint_released_twice() -> str:
 
 def _released_twice_then_rolled_back_past() -> str:
     Charge.objects.create(label="w")
-    outer = transaction.savepoint()
-    inner = transaction.savepoint()
+    outer = savepoint()
+    inner = savepoint()
     transaction.savepoint_commit(inner)
     transaction.savepoint_commit(inner)  # refused
     transaction.savepoint_rollback(outer)  # would destroy inner: the refusal must still count
@@ -257,8 +258,8 @@ def _released_twice_then_rolled_back_past() -> str:
 
 def _refused_release_then_rolled_back_past() -> str:
     Charge.objects.create(label="w")
-    outer = transaction.savepoint()
-    inner = transaction.savepoint()
+    outer = savepoint()
+    inner = savepoint()
     with transaction.atomic():  # its RELEASE is refused: the rollback below destroyed it
         Charge.objects.create(label="undone")
         transaction.savepoint_rollback(inner)
@@ -271,7 +272,7 @@ def _refused_release_in_a_block_left_by_an_expected_exception() -> str:
     Charge.objects.create(label="w")
     try:
         with transaction.atomic():  # left by the ValueError: rolled back to its savepoint
-            sid = transaction.savepoint()
+            sid = savepoint()
             with transaction.atomic():  # its RELEASE is refused
                 transaction.savepoint_rollback(sid)
             raise ValueError("expected by the work")
@@ -282,7 +283,7 @@ def _refused_release_in_a_block_left_by_an_expected_exception() -> str:
 
 def _refused_release_then_a_statement_the_driver_refuses() -> str:
     Charge.objects.create(label="w")
-    sid = transaction.savepoint()
+    sid = savepoint()
     with transaction.atomic():  # its RELEASE is refused
         transaction.savepoint_rollback(sid)
     try:

@@ -21,6 +21,7 @@ from django.test.utils import CaptureQueriesContext
 from idempotency_app import service
 from idempotency_app.models import IdempotencyRecord
 from tests.conftest import charge_labels as labels
+from tests.savepoints import savepoint
 from tests.testapp.models import Charge
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -303,14 +304,14 @@ def test_idle_session_timeout_before_first_block_is_an_outage() -> None:
     assert once(key, lambda: Charge.objects.create(label="again") and "ok") == "ok"
 
 
-# 8. transaction.savepoint() called directly as the first statement.
+# 8. savepoint() called directly as the first statement.
 def test_manual_savepoint_first() -> None:
     def work() -> str:
-        sid = transaction.savepoint()
+        sid = savepoint()
         Charge.objects.create(label="undone")
         transaction.savepoint_rollback(sid)
         Charge.objects.create(label="kept")
-        sid2 = transaction.savepoint()
+        sid2 = savepoint()
         Charge.objects.create(label="kept2")
         transaction.savepoint_commit(sid2)
         return "done"

@@ -23,6 +23,7 @@ from idempotency_app.exceptions import WorkRolledBack
 from idempotency_app.models import IdempotencyRecord
 from tests.conftest import charge_labels as labels
 from tests.lifecycle.test_held_release_attacks import once, outcome, same
+from tests.savepoints import savepoint
 from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
@@ -45,7 +46,7 @@ def test_manual_savepoint_after_set_rollback() -> None:
         Charge.objects.create(label="a")
         transaction.set_rollback(True)
         try:
-            transaction.savepoint()
+            savepoint()
         except Exception as exc:
             seen.append(f"savepoint refused {type(exc).__name__}")
             return "x"
@@ -64,7 +65,7 @@ def test_manual_savepoint_after_caught_orm_integrity_error() -> None:
         with contextlib.suppress(IntegrityError):
             Charge.objects.create(label="dup", id=Charge.objects.get().id)
         try:
-            sid = transaction.savepoint()
+            sid = savepoint()
         except Exception as exc:
             seen.append(f"savepoint refused {type(exc).__name__}")
             return "x"
@@ -104,7 +105,7 @@ def test_deep_nesting_with_caught_integrity_errors() -> None:
 
 def test_manual_rollback_to_outer_after_inner_released() -> None:
     def work() -> str:
-        outer = transaction.savepoint()
+        outer = savepoint()
         Charge.objects.create(label="gone")
         with transaction.atomic():
             Charge.objects.create(label="gone2")
@@ -140,7 +141,7 @@ def test_raw_rollback_to_outer_via_driver_cursor_after_held_release() -> None:
 
 def test_savepoint_rollback_of_released_sid() -> None:
     def work() -> str:
-        sid = transaction.savepoint()
+        sid = savepoint()
         Charge.objects.create(label="a")
         transaction.savepoint_commit(sid)
         try:
@@ -167,7 +168,7 @@ def test_savepoint_commit_twice_caught() -> None:
     second savepoint_commit, where the work catches it."""
 
     def work() -> str:
-        sid = transaction.savepoint()
+        sid = savepoint()
         Charge.objects.create(label="a")
         transaction.savepoint_commit(sid)
         try:
@@ -530,7 +531,7 @@ def test_shared_connection_block_in_other_thread() -> None:
 
 def test_nothing_leaks_to_next_work() -> None:
     def bad() -> str:
-        sid = transaction.savepoint()
+        sid = savepoint()
         Charge.objects.create(label="a")
         transaction.savepoint_commit(sid)
         transaction.savepoint_commit(sid)  # held; refused only at the end
@@ -550,7 +551,7 @@ def test_nothing_leaks_to_next_work() -> None:
 
 def test_manual_savepoint_commit_after_set_rollback() -> None:
     def work() -> str:
-        sid = transaction.savepoint()
+        sid = savepoint()
         Charge.objects.create(label="a")
         transaction.set_rollback(True)
         try:
@@ -618,8 +619,8 @@ def test_refused_release_surfacing_in_a_caught_block_inside_a_healing_block() ->
 
     def work() -> str:
         with transaction.atomic():
-            sid1 = transaction.savepoint()
-            sid2 = transaction.savepoint()
+            sid1 = savepoint()
+            sid2 = savepoint()
             transaction.savepoint_rollback(sid1)
             transaction.savepoint_commit(sid2)  # refused: sid2 no longer exists
             try:

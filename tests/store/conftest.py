@@ -13,6 +13,7 @@ from django.db import connection, transaction
 
 from idempotency_app.store import backend, postgresql
 from idempotency_app.store.base import Identity, StoredResponse
+from tests.savepoints import savepoint
 from tests.testapp.models import Charge
 
 MIGRATION = importlib.import_module("idempotency_app.migrations.0007_claim_function")
@@ -51,7 +52,7 @@ def complete_in_a_block(
     completion, or was sent already."""
     with transaction.atomic():
         Charge.objects.create(label=identity.key, amount=1)
-        sid = transaction.savepoint()
+        sid = savepoint()
         if not with_release:
             transaction.savepoint_commit(sid)
         before = [f'RELEASE SAVEPOINT "{sid}"'] if with_release else []

@@ -17,6 +17,7 @@ from idempotency_app.exceptions import StoreUnavailable
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import backend, postgresql
 from idempotency_app.store.base import CLAIMED, Existing, Identity, StoredResponse, parse_headers
+from tests.savepoints import savepoint
 from tests.store.conftest import MIGRATION, complete_in_a_block
 from tests.testapp.models import Charge
 
@@ -80,7 +81,7 @@ def test_other_client_encodings_complete_behind_releases_exactly(
         assert s.claim(identity, "tok", 60, 30) is CLAIMED
         with transaction.atomic():
             Charge.objects.create(label=key, amount=1)
-            sid = transaction.savepoint()
+            sid = savepoint()
             assert s.complete(
                 identity, "tok", response, 60, commit=True, before=[f'RELEASE SAVEPOINT "{sid}"']
             )
@@ -110,7 +111,7 @@ def test_sql_ascii_fallback_with_non_ascii_body_headers_and_std_off(commit: bool
         assert s.claim(identity, "tok", 60, 30) is CLAIMED
         with transaction.atomic():
             Charge.objects.create(label=key, amount=1)
-            sids = [transaction.savepoint(), transaction.savepoint()]
+            sids = [savepoint(), savepoint()]
             assert s.complete(
                 identity,
                 "tok",

@@ -13,6 +13,7 @@ from idempotency_app.conf import conf
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import postgresql
 from idempotency_app.store.base import CLAIMED, Identity, StoredResponse, parse_headers
+from tests.savepoints import savepoint
 from tests.store.conftest import complete_in_a_block
 from tests.testapp.models import Charge
 
@@ -65,7 +66,7 @@ def test_odd_responses_stored_exactly_behind_releases(session: str, commit: bool
         seen.clear()
         with transaction.atomic():
             Charge.objects.create(label=f"{key}-{n}", amount=1)
-            sids = [transaction.savepoint(), transaction.savepoint()]
+            sids = [savepoint(), savepoint()]
             before = [f'RELEASE SAVEPOINT "{sid}"' for sid in reversed(sids)]
             with connection.execute_wrapper(recorder):
                 assert s.complete(identity, "tok", response, 60, commit=commit, before=before)
@@ -88,7 +89,7 @@ def test_a_lost_claim_behind_releases_rolls_the_work_back(
     response = StoredResponse(201, HEADERS, b"%s body")
     with pytest.raises(DatabaseError) if commit else _no_error(), transaction.atomic():
         Charge.objects.create(label=key, amount=1)
-        sid = transaction.savepoint()
+        sid = savepoint()
         ok = s.complete(
             identity,
             "not-ours",
@@ -111,7 +112,7 @@ def test_a_refused_release_fails_the_work(session: str, commit: bool, key: str) 
     response = StoredResponse(201, HEADERS, b"body")
     with pytest.raises(DatabaseError), transaction.atomic():
         Charge.objects.create(label=key, amount=1)
-        sid = transaction.savepoint()
+        sid = savepoint()
         s.complete(
             identity,
             "tok",
@@ -134,7 +135,7 @@ def test_a_latin1_session_completes_behind_releases(key: str) -> None:
         assert s.claim(identity, "tok", 60, 30) is CLAIMED
         response = StoredResponse(201, HEADERS, b"%s \xe9")
         with transaction.atomic():
-            sid = transaction.savepoint()
+            sid = savepoint()
             assert s.complete(
                 identity, "tok", response, 60, commit=True, before=[f'RELEASE SAVEPOINT "{sid}"']
             )

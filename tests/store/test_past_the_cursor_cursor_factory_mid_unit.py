@@ -10,6 +10,7 @@ first SAVEPOINT went through libpq past it."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -36,7 +37,9 @@ def _instrument_connection(raw: Any, traced: list[str]) -> None:
     raw.cursor_factory = TracedCursorFactory
 
 
-def test_a_connection_instrumented_during_the_work_sees_the_completion() -> None:
+def _instrumented_during_the_work(body: Callable[[], None]) -> list[str]:
+    """What the traced cursor class saw of a unit whose work instruments its
+    connection, then runs ``body``."""
     traced: list[str] = []
     raw = None
     try:
@@ -44,30 +47,29 @@ def test_a_connection_instrumented_during_the_work_sees_the_completion() -> None
             if run.should_execute:
                 raw = connection.connection
                 _instrument_connection(raw, traced)
-                Charge.objects.create(label="a")
+                body()
                 run.result = "done"
         assert run.result == "done"
-        assert any("INSERT" in s and "charge" in s.lower() for s in traced), traced
-        # The library's completion went through the instrumented connection.
-        assert any("WITH done AS (UPDATE" in s for s in traced), traced
     finally:
         if raw is not None:
             raw.cursor_factory = raw._otel_original_cursor_factory
+    return traced
+
+
+def test_a_connection_instrumented_during_the_work_sees_the_completion() -> None:
+    def one_write() -> None:
+        Charge.objects.create(label="a")
+
+    traced = _instrumented_during_the_work(one_write)
+    assert any("INSERT" in s and "charge" in s.lower() for s in traced), traced
+    # The library's completion went through the instrumented connection.
+    assert any("WITH done AS (UPDATE" in s for s in traced), traced
 
 
 def test_a_connection_instrumented_during_the_work_sees_a_block_s_savepoint() -> None:
-    traced: list[str] = []
-    raw = None
-    try:
-        with service.once(SCOPE, str(uuid.uuid4()), "op") as run:
-            if run.should_execute:
-                raw = connection.connection
-                _instrument_connection(raw, traced)
-                with transaction.atomic():
-                    Charge.objects.create(label="a")
-                run.result = "done"
-        assert run.result == "done"
-        assert any(s.startswith("SAVEPOINT") for s in traced), traced
-    finally:
-        if raw is not None:
-            raw.cursor_factory = raw._otel_original_cursor_factory
+    def in_a_block() -> None:
+        with transaction.atomic():
+            Charge.objects.create(label="a")
+
+    traced = _instrumented_during_the_work(in_a_block)
+    assert any(s.startswith("SAVEPOINT") for s in traced), traced

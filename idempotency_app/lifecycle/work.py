@@ -668,9 +668,10 @@ def _guarded_cursor(
                 return original(self, *args, **kwargs)  # every statement outside work
             sql = sql_of(*args, **kwargs)
             # Asked even of the statement Django's wrapper is judging: a
-            # wrapper of the work's may send it on another connection too.
+            # wrapper of the work's may send it on another connection too,
+            # or to another database, where it is judged again.
             elsewhere = alias == state.using and drivers.session(self.connection) != state.session
-            if sql is state.judging and sql is not None and not elsewhere:
+            if sql is state.judging and sql is not None and alias == state.using and not elsewhere:
                 return original(self, *args, **kwargs)
             if state.savepoints is not None and alias == state.using and not elsewhere:
                 state.savepoints.flush(state.connection)

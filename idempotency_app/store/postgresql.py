@@ -45,6 +45,9 @@ CLAIM_ARGUMENTS = (
 # What a call of a function that is gone or not ours to call fails with.
 UNCALLABLE = frozenset({"42883", "42501"})  # undefined_function, insufficient_privilege
 _CLAIM_SIGNATURE = f"{CLAIM_FUNCTION}(text,text,text,text,text,float8,float8,float8,float8,boolean)"
+# The completion sent with the COMMIT as a PL/pgSQL function (migration 0008).
+COMPLETE_FUNCTION = "idempotency_complete_v1"
+_COMPLETE_SIGNATURE = f"{COMPLETE_FUNCTION}(text,text,text,float8,integer,text,bytea)"
 # The claim function's argument types, as libpq takes them (text, float8).
 _CLAIM_TYPES = (25,) * 5 + (701,) * 4
 # The attribute on the statement guard's cursor class that names the
@@ -52,8 +55,8 @@ _CLAIM_TYPES = (25,) * 5 + (701,) * 4
 GUARDED_CLASS = "_idempotency_guarded_class"
 # libpq's CONNECTION_OK: an open connection.
 _CONNECTION_OK = 0
-# The savepoint the question whether the claim function can be called is
-# asked in, inside the caller's transaction (``has_claim_function``).
+# The savepoint the question which of the store's functions can be called is
+# asked in, inside the caller's transaction (``store_functions``).
 ASKING = "idempotency_app_asks"
 
 
@@ -108,6 +111,14 @@ class Backend(base.Backend):
             f"SELECT CASE count(*) WHEN 1 THEN 1 "
             f"ELSE CAST('{CLAIM_LOST}: ' || count(*) AS integer) END FROM done; COMMIT"
         )
+        # The same as a function the server plans once per connection
+        # (migration 0008), which raises where the statement's cast fails.
+        self.complete_commit_call = (
+            f"SELECT {COMPLETE_FUNCTION}(%(scope)s, %(key)s, %(token)s, %(expires)s, "
+            "%(status)s, %(headers)s, %(body)s); COMMIT"
+        )
+        # Asked with the claim function's, at the first claim.
+        self.completes_by_function = False
 
     def sending(self, connection: Any) -> AbstractContextManager[Any]:
         """In psycopg's pipeline mode a statement's result arrives only at
@@ -187,11 +198,26 @@ class Backend(base.Backend):
         """The function is gone, or this session cannot call it (a migration
         back to 0006, ``EXECUTE`` revoked, a ``search_path`` without it):
         the statement, for the life of the process."""
-        self.claims_by_function = False
+        self.claims_by_function = self.completes_by_function = False
         logger.warning(
             "idempotency_app: cannot call %s on database %r (%s); claims send the statement "
             "itself from now on. Run migrate, and grant EXECUTE on it where the table is.",
             CLAIM_FUNCTION,
+            self.using,
+            exc,
+        )
+
+    def _give_up_the_completion_function(self, exc: Exception) -> None:
+        """The completion function is gone, or this session cannot call it
+        (a migration back to 0007, ``EXECUTE`` revoked): the work it was
+        sent with rolled back, as with any failed COMMIT, and completions
+        send the statement for the life of the process."""
+        self.completes_by_function = False
+        logger.warning(
+            "idempotency_app: cannot call %s on database %r (%s); the work it completed rolled "
+            "back, and completions send the statement itself from now on. Run migrate, and "
+            "grant EXECUTE on it where the table is.",
+            COMPLETE_FUNCTION,
             self.using,
             exc,
         )
@@ -201,7 +227,9 @@ class Backend(base.Backend):
         session may call it (asked on the open connection at the first
         claim, then never again), else the statement itself."""
         if self.claims_by_function is None:
-            self.claims_by_function = has_claim_function(connections[self.using].connection)
+            answer = store_functions(connections[self.using].connection)
+            if answer is not None:
+                self.claims_by_function, self.completes_by_function = answer
         if self.claims_by_function:
             return self.claim_calls[alone]
         return self.claim_alone_sql if alone else self.claim_sql
@@ -221,25 +249,40 @@ class Backend(base.Backend):
         front of the completion in one message, and with ``commit`` so does
         the COMMIT after it: one round trip instead of two, and Django's own
         commit then finds nothing to do. Any error then leaves it to the
-        caller to read back what committed."""
+        caller to read back what committed. With the COMMIT, the completion
+        is migration 0008's function where the session may call it (asked
+        with the claim function's): the server plans it once per session."""
         if connection is None:
             connection = connections[self.using]
         if not carries_statements_on(connection.connection):
             return super().complete(identity, token, response, ttl, commit, before, connection)
         params = self.complete_params(identity, token, response, ttl)
-        sql = self.complete_commit_sql if commit else self.complete_sql
-        if _sends_unseen_in_transaction(connection):
-            return _complete_unseen(connection, before, sql, params, commit)
-        cursor = base.statement_cursor(connection)
-        if before:
-            cursor.execute(*_joined(cursor.cursor, before, sql, params))
-        else:
-            cursor.execute(sql, params)
+        sql = self.completion_statement(commit)
+        try:
+            if _sends_unseen_in_transaction(connection):
+                return _complete_unseen(connection, before, sql, params, commit)
+            cursor = base.statement_cursor(connection)
+            if before:
+                cursor.execute(*_joined(cursor.cursor, before, sql, params))
+            else:
+                cursor.execute(sql, params)
+        except ProgrammingError as exc:
+            code = getattr(exc.__cause__, "sqlstate", None)
+            if sql is self.complete_commit_call and code in UNCALLABLE:
+                self._give_up_the_completion_function(exc)
+            raise
         if commit:
             return True
         for _ in before:
             cursor.nextset()  # to the completion's own result
         return bool(cursor.rowcount == 1)
+
+    def completion_statement(self, commit: bool) -> str:
+        """The completion, and with ``commit`` the COMMIT after it: the
+        function where the session may call it, else the statement."""
+        if not commit:
+            return self.complete_sql
+        return self.complete_commit_call if self.completes_by_function else self.complete_commit_sql
 
     def carries_statements(self, connection: Any = None) -> bool:
         return carries_statements_on((connection or connections[self.using]).connection)
@@ -529,9 +572,10 @@ def _preparing_cursor(connection: Any) -> Any:
     return connection.make_cursor(prepared)
 
 
-def has_claim_function(raw: Any) -> bool | None:
-    """Whether the claim function exists where the connection looks for it,
-    and the session may call it (None: not known yet, ask again). Asked once
+def store_functions(raw: Any) -> tuple[bool, bool] | None:
+    """Whether the claim function, and whether the completion function,
+    exists where the connection looks for it and the session may call it
+    (None: not known yet, ask again). Asked once
     per process and alias, through libpq's own call: outside psycopg's
     transaction handling (it opens no transaction), and unseen by the query
     log, so that the first request a process serves counts the statements
@@ -542,7 +586,7 @@ def has_claim_function(raw: Any) -> bool | None:
         return None  # not connected yet
     pgconn = getattr(raw, "pgconn", None)
     if pgconn is None:
-        return False
+        return False, False
     from psycopg import Error, pq
 
     status = pgconn.transaction_status
@@ -551,9 +595,9 @@ def has_claim_function(raw: Any) -> bool | None:
         pq.TransactionStatus.INTRANS,
     ):
         return None
-    question = (
-        f"SELECT coalesce(has_function_privilege(to_regprocedure('{_CLAIM_SIGNATURE}'), "
-        "'EXECUTE'), false)"
+    question = "SELECT " + ", ".join(
+        f"coalesce(has_function_privilege(to_regprocedure('{signature}'), 'EXECUTE'), false)"
+        for signature in (_CLAIM_SIGNATURE, _COMPLETE_SIGNATURE)
     )
     inside = status == pq.TransactionStatus.INTRANS
     if inside:
@@ -562,7 +606,7 @@ def has_claim_function(raw: Any) -> bool | None:
         results = _exchange(raw, lambda: pgconn.send_query(question.encode()))
         if all(r.status != pq.ExecStatus.FATAL_ERROR for r in results):
             answer = next(r for r in results if r.status == pq.ExecStatus.TUPLES_OK)
-            return bool(answer.get_value(0, 0) == b"t")
+            return answer.get_value(0, 0) == b"t", answer.get_value(0, 1) == b"t"
         if inside:
             undo = f"ROLLBACK TO SAVEPOINT {ASKING}; RELEASE SAVEPOINT {ASKING}"
             _exchange(raw, lambda: pgconn.send_query(undo.encode()))

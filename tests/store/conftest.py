@@ -40,6 +40,12 @@ def function_dropped() -> Iterator[postgresql.Backend]:
         connection.close()
 
 
+def is_completion(sql: str) -> bool:
+    """Whether ``sql`` is the completion sent with the COMMIT: the statement,
+    or migration 0008's function."""
+    return "WITH done AS (UPDATE" in sql or postgresql.COMPLETE_FUNCTION in sql
+
+
 def complete_in_a_block(
     store: postgresql.Backend,
     identity: Identity,

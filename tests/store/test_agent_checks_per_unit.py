@@ -13,6 +13,7 @@ from django.db import connections, transaction
 
 from idempotency_app import service
 from idempotency_app.store import postgresql
+from tests.store.conftest import is_completion
 from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
@@ -61,4 +62,4 @@ def test_a_query_log_turned_on_inside_the_unit_sees_the_completion() -> None:
         logged = [query["sql"] for query in connection.queries]
     finally:
         connection.force_debug_cursor = False
-    assert any("WITH done AS (UPDATE" in sql for sql in logged), logged
+    assert any(is_completion(sql) for sql in logged), logged

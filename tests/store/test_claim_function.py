@@ -94,21 +94,21 @@ def test_the_store_asks_once_whether_the_function_exists(key: str) -> None:
     from django.test.utils import CaptureQueriesContext
 
     store = postgresql.Backend("default")
-    asked: list[bool | None] = []
-    real = postgresql.has_claim_function
+    asked: list[tuple[bool, bool] | None] = []
+    real = postgresql.store_functions
 
-    def counting(raw: object) -> bool | None:
+    def counting(raw: object) -> tuple[bool, bool] | None:
         asked.append(real(raw))
         return asked[-1]
 
     identity = Identity("tenant", key, "op", "fp")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(postgresql, "has_claim_function", counting)
+        patch.setattr(postgresql, "store_functions", counting)
         with CaptureQueriesContext(connection) as queries:
             assert store.claim(identity, "token", 60, 30) is CLAIMED
             with transaction.atomic():
                 assert isinstance(store.claim(identity, "other", 60, 30), Existing)
-    assert asked == [True]
+    assert asked == [(True, True)]
     sent = [query["sql"] for query in queries.captured_queries]
     sent = [sql for sql in sent if sql not in ("BEGIN", "COMMIT")]  # the atomic block's
     assert len(sent) == 2 and all(postgresql.CLAIM_FUNCTION in sql for sql in sent), sent

@@ -286,10 +286,10 @@ def test_a_tenant_only_search_path_after_a_public_lookup(tenant_only_schema: str
     assert [r for r in results if r[1] != "claimed"] == [], results
 
 
-def test_has_claim_function_none_before_connecting(key: str) -> None:
+def test_store_functions_none_before_connecting(key: str) -> None:
     connection.close()
     s = postgresql.Backend("default")
-    assert postgresql.has_claim_function(None) is None
+    assert postgresql.store_functions(None) is None
     assert s.claim_statement(True) == s.claim_alone_sql and s.claims_by_function is None
     assert s.claim(Identity("t", key, "op", "fp"), "t", 60, 30) is CLAIMED
     assert s.claims_by_function is True

@@ -1,5 +1,5 @@
 """Attacks on the completion bound alone (ClientCursor.mogrify) and joined
-behind the held RELEASE SAVEPOINTs."""
+behind the held RELEASE SAVEPOINTs, as the statement and as the function."""
 
 from __future__ import annotations
 
@@ -44,15 +44,20 @@ def session(request: Any) -> Iterator[str]:
         connection.close()
 
 
-def _store() -> postgresql.Backend:
+@pytest.fixture(params=[False, True], ids=["statement", "function"])
+def store(request: Any) -> postgresql.Backend:
+    """The store, completing with the statement or with migration 0008's function."""
     s = postgresql.Backend("default")
     s.claims_by_function = True
+    s.completes_by_function = request.param
     return s
 
 
 @pytest.mark.parametrize("commit", [True, False])
-def test_odd_responses_stored_exactly_behind_releases(session: str, commit: bool, key: str) -> None:
-    s = _store()
+def test_odd_responses_stored_exactly_behind_releases(
+    store: postgresql.Backend, session: str, commit: bool, key: str
+) -> None:
+    s = store
     seen: list[tuple[Any, Any]] = []
 
     def recorder(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
@@ -81,9 +86,9 @@ def test_odd_responses_stored_exactly_behind_releases(session: str, commit: bool
 
 @pytest.mark.parametrize("commit", [True, False])
 def test_a_lost_claim_behind_releases_rolls_the_work_back(
-    session: str, commit: bool, key: str
+    store: postgresql.Backend, session: str, commit: bool, key: str
 ) -> None:
-    s = _store()
+    s = store
     identity = Identity("tenant", key, "op", "fp")
     assert s.claim(identity, "tok", 60, 30) is CLAIMED
     response = StoredResponse(201, HEADERS, b"%s body")
@@ -105,8 +110,10 @@ def test_a_lost_claim_behind_releases_rolls_the_work_back(
 
 
 @pytest.mark.parametrize("commit", [True, False])
-def test_a_refused_release_fails_the_work(session: str, commit: bool, key: str) -> None:
-    s = _store()
+def test_a_refused_release_fails_the_work(
+    store: postgresql.Backend, session: str, commit: bool, key: str
+) -> None:
+    s = store
     identity = Identity("tenant", key, "op", "fp")
     assert s.claim(identity, "tok", 60, 30) is CLAIMED
     response = StoredResponse(201, HEADERS, b"body")
@@ -125,8 +132,8 @@ def test_a_refused_release_fails_the_work(session: str, commit: bool, key: str) 
     assert IdempotencyRecord.objects.get(key=key).status == "in_progress"
 
 
-def test_a_latin1_session_completes_behind_releases(key: str) -> None:
-    s = _store()
+def test_a_latin1_session_completes_behind_releases(store: postgresql.Backend, key: str) -> None:
+    s = store
     identity = Identity("tenant-\u00e9\u00fc", key, "op-\u00e9", "fp")
     connection.ensure_connection()
     try:
@@ -155,7 +162,9 @@ class _no_error:
         return False
 
 
-def test_a_sql_ascii_session_completes_behind_releases_as_without(key: str) -> None:
+def test_a_sql_ascii_session_completes_behind_releases_as_without(
+    store: postgresql.Backend, key: str
+) -> None:
     """psycopg sends str as UTF-8 where client_encoding is SQL_ASCII (no
     conversion: the bytes reach the UTF8 database as they are). Executed
     with its parameters, the completion stores a non-ASCII scope's record;
@@ -163,7 +172,7 @@ def test_a_sql_ascii_session_completes_behind_releases_as_without(key: str) -> N
     same completion behind a release raises UnicodeDecodeError (not even a
     DatabaseError), so the request fails and its work rolls back, on every
     retry of the key."""
-    s = _store()
+    s = store
     response = StoredResponse(201, (("X-A", "b"),), b"body")
     connection.ensure_connection()
     errors: dict[bool, Any] = {}

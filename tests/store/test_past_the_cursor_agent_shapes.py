@@ -20,6 +20,7 @@ from django.db.backends import utils
 
 from idempotency_app import service
 from idempotency_app.store import postgresql
+from tests.store.conftest import is_completion
 from tests.store.test_past_the_cursor_connection_proxy_agent import TracedCursor
 from tests.testapp.models import Charge
 
@@ -42,7 +43,7 @@ def one_request() -> None:
 def saw_each_statement_once(traced: list[str]) -> None:
     assert any("INSERT" in s and "charge" in s.lower() for s in traced), traced
     claims = [s for s in traced if postgresql.CLAIM_FUNCTION in s]
-    completions = [s for s in traced if "WITH done AS (UPDATE" in s]
+    completions = [s for s in traced if is_completion(s)]
     savepoints = [s for s in traced if s.startswith("SAVEPOINT")]
     assert (len(claims), len(completions), len(savepoints)) == (1, 1, 1), traced
 

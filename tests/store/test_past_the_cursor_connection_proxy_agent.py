@@ -17,6 +17,7 @@ from django.db import connection, connections, transaction
 
 from idempotency_app import service
 from idempotency_app.store import postgresql
+from tests.store.conftest import is_completion
 from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
@@ -94,7 +95,7 @@ def test_an_agent_that_proxies_the_driver_connection_sees_the_claim_and_the_comp
             run.result = "done"
     assert run.result == "done"
     claims = [sql for sql in traced if postgresql.CLAIM_FUNCTION in sql]
-    completions = [sql for sql in traced if sql.lstrip().startswith("WITH done AS (UPDATE")]
+    completions = [sql for sql in traced if is_completion(sql)]
     assert (len(claims), len(completions)) == (1, 1), traced
 
 

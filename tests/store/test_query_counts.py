@@ -20,7 +20,7 @@ from rest_framework.test import APIClient
 
 from idempotency_app import clock
 from idempotency_app.models import IdempotencyRecord
-from idempotency_app.store.postgresql import CLAIM_FUNCTION
+from idempotency_app.store.postgresql import CLAIM_FUNCTION, COMPLETE_FUNCTION
 from tests.conftest import post
 from tests.testapp.models import Charge, LedgerEntry
 
@@ -66,6 +66,8 @@ def label(sql: str) -> str | None:
         return "rollback to savepoint"
     if CLAIM_FUNCTION in text:
         return "claim+read"  # PostgreSQL: the claim statement as a function
+    if COMPLETE_FUNCTION in text:
+        return "update"  # PostgreSQL: the completion as a function, with the COMMIT
     if RECORDS in text:
         if text.startswith("with done as (update"):
             return "update"  # the completion, sent with the COMMIT (PostgreSQL)

@@ -22,13 +22,14 @@ from django.db import connection, transaction
 from rest_framework.test import APIClient
 
 from idempotency_app.store import backend
-from idempotency_app.store.postgresql import CLAIM_FUNCTION
+from idempotency_app.store.postgresql import CLAIM_FUNCTION, COMPLETE_FUNCTION
 from tests.conftest import post
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 
 BODY = {"label": "a", "amount": 5}
 CLAIM_CALL = f"SELECT * FROM {CLAIM_FUNCTION}".upper()
+COMPLETE_CALL = f"SELECT {COMPLETE_FUNCTION}(".upper()
 
 
 @contextlib.contextmanager
@@ -104,7 +105,7 @@ def test_a_fresh_request_adds_the_claim_a_begin_and_the_completion(
         # The claim: a simple query, or Parse/Bind where it is prepared.
         assert fresh[0].startswith((CLAIM_CALL, "PARSE", "BIND")), fresh
         assert fresh[1] == "BEGIN", fresh
-        assert fresh[-1].startswith("WITH DONE AS (UPDATE"), "the completion carries the COMMIT"
+        assert fresh[-1].startswith(COMPLETE_CALL), "the completion carries the COMMIT"
     else:
         # The claim; SET autocommit=0, the completion, COMMIT, SET autocommit=1.
         assert len(fresh) == len(plain) + 5, (plain, fresh)

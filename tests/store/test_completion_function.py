@@ -1,0 +1,181 @@
+"""PostgreSQL: the completion sent with the COMMIT as a PL/pgSQL function
+(migration 0008), which the server plans once per session instead of once
+per fresh request.
+
+The function must be the completion statement and nothing else, must store
+exactly what the statement stores, must fail where the statement fails (a
+claim taken over rolls the work back), and a database where the migration
+has not run, or where it was rolled back under a running process, must
+still complete correctly, with the statement itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.apps import apps
+from django.db import connection
+from rest_framework.test import APIClient
+
+from idempotency_app.models import IdempotencyRecord
+from idempotency_app.store import backend, postgresql
+from idempotency_app.store.base import CLAIMED, Identity, StoredResponse
+from tests.conftest import post
+from tests.store.conftest import complete_in_a_block
+from tests.store.test_claim_function_attacks import odd_identities
+from tests.testapp.models import Charge
+
+pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
+
+MIGRATION = importlib.import_module("idempotency_app.migrations.0008_completion_function")
+RESPONSE = StoredResponse(
+    201, (("Content-Type", "application/json"), ("X-Odd", "%s ' \\ $$")), b'{"id": 1} %s \x00'
+)
+
+
+def _compact(sql: str) -> str:
+    return "".join(sql.split())
+
+
+def _store(by_function: bool) -> postgresql.Backend:
+    s = postgresql.Backend("default")
+    s.claims_by_function, s.completes_by_function = True, by_function
+    return s
+
+
+@pytest.fixture
+def without_the_function() -> Iterator[None]:
+    """The function dropped, as on a database still at migration 0007 (or
+    migrated back to it), and created again afterwards by the migration."""
+    with connection.schema_editor() as editor:
+        MIGRATION._drop(apps, editor)
+    try:
+        yield
+    finally:
+        connection.close()
+        with connection.schema_editor() as editor:
+            MIGRATION._create(apps, editor)
+        backend("default").claims_by_function = None  # asked again by the rest of the run
+        connection.close()
+
+
+def test_the_function_runs_the_completion_statement_and_nothing_else() -> None:
+    """Kept in step with the statement the store sends without it: a change
+    to one without the other fails here."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure(%s)",
+            [postgresql._COMPLETE_SIGNATURE],
+        )
+        (source,) = cursor.fetchone()
+    update = source.split("BEGIN", 1)[1].split(";", 1)[0]
+    statement = postgresql.Backend("default").complete_sql
+    for name in ("scope", "key", "token", "expires", "status", "headers", "body"):
+        statement = statement.replace(f"%({name})s", f"_{name}")
+    assert _compact(update) == _compact(statement)
+
+
+def test_the_store_asks_for_both_functions_at_its_first_claim(key: str) -> None:
+    s = postgresql.Backend("default")
+    assert s.claims_by_function is None and s.completes_by_function is False
+    assert s.claim(Identity("tenant", key, "op", "fp"), "tok", 60, 30) is CLAIMED
+    assert (s.claims_by_function, s.completes_by_function) == (True, True)
+
+
+@pytest.mark.parametrize("with_release", [False, True])
+def test_the_function_stores_what_the_statement_stores(with_release: bool, key: str) -> None:
+    """Odd scopes, keys and responses (quotes, placeholders, backslashes,
+    NUL bytes, long and astral text), each completed once by each form:
+    the same record but for its key."""
+    for n, identity in enumerate(odd_identities(key)):
+        rows = []
+        for by_function in (False, True):
+            # The charge's label holds the key: at most 100 characters.
+            one = Identity(identity.scope, f"{identity.key[:40]}{n}{by_function}{key}", "op", "fp")
+            s = _store(by_function)
+            assert s.claim(one, "tok", 60, 30) is CLAIMED
+            assert complete_in_a_block(s, one, RESPONSE, with_release)
+            rows.append(IdempotencyRecord.objects.get(scope=one.scope, key=one.key))
+        by_statement, by_function_row = rows
+        for field in ("status", "locked_until", "response_status", "response_headers"):
+            assert getattr(by_function_row, field) == getattr(by_statement, field), field
+        assert bytes(by_function_row.response_body) == bytes(by_statement.response_body)
+        assert by_function_row.status == IdempotencyRecord.Status.COMPLETED
+        assert bytes(by_function_row.response_body) == RESPONSE.body
+        gap = by_function_row.expires_at - by_statement.expires_at
+        assert abs(gap) < timedelta(seconds=5)
+
+
+@pytest.mark.parametrize("token", ["other", None])
+def test_a_claim_taken_over_fails_the_function_and_rolls_the_work_back(
+    token: str | None, key: str
+) -> None:
+    """Another token holds the key, or no record is left: the COMMIT after
+    the function must not run."""
+    from django.db import DatabaseError
+
+    identity = Identity("tenant", key, "op", "fp")
+    s = _store(True)
+    assert s.claim(identity, "tok", 60, 30) is CLAIMED
+    record = IdempotencyRecord.objects.filter(scope="tenant", key=key)
+    if token is None:
+        record.delete()
+    else:
+        record.update(token=token)
+    with pytest.raises(DatabaseError, match="the claim was taken over"):
+        complete_in_a_block(s, identity, RESPONSE, with_release=True)
+    assert not Charge.objects.filter(label=key).exists()
+    assert not IdempotencyRecord.objects.filter(
+        key=key, status=IdempotencyRecord.Status.COMPLETED
+    ).exists()
+
+
+@pytest.mark.usefixtures("without_the_function")
+def test_before_the_migration_the_store_completes_with_the_statement(key: str) -> None:
+    s = postgresql.Backend("default")
+    identity = Identity("tenant", key, "op", "fp")
+    assert s.claim(identity, "tok", 60, 30) is CLAIMED
+    assert (s.claims_by_function, s.completes_by_function) == (True, False)
+    assert complete_in_a_block(s, identity, RESPONSE, with_release=True)
+    assert IdempotencyRecord.objects.get(key=key).status == IdempotencyRecord.Status.COMPLETED
+
+
+def test_a_function_dropped_under_a_running_process_costs_one_rolled_back_request(
+    quiet_api: APIClient, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A migration back to 0007 while a process runs: the request whose
+    completion meets the missing function commits nothing (its work rolled
+    back with it), answers ``request_rolled_back``, and lets its key go; the
+    process then completes with the statement, so the retry runs and
+    completes. Never a charge without its record, nor a record without its
+    charge."""
+    body = {"label": key, "amount": 5}
+    assert post(quiet_api, "/charges/", {"label": f"{key}-warm", "amount": 1}, f"{key}-warm")
+    store = backend("default")
+    assert store.completes_by_function is True
+    with connection.schema_editor() as editor:
+        MIGRATION._drop(apps, editor)
+    try:
+        with caplog.at_level(logging.WARNING, logger="idempotency_app"):
+            first = post(quiet_api, "/charges/", body, key)
+        assert first.status_code == 500, first.content
+        assert first.json()["code"] == "request_rolled_back"
+        assert not Charge.objects.filter(label=key).exists()
+        assert store.completes_by_function is False
+        assert postgresql.COMPLETE_FUNCTION in caplog.text
+        retry = post(quiet_api, "/charges/", body, key)
+        assert retry.status_code == 201, retry.content
+        assert Charge.objects.filter(label=key).count() == 1
+        replay = post(quiet_api, "/charges/", body, key)
+        assert replay["Idempotent-Replayed"] == "true"
+        assert replay.json() == retry.json()
+    finally:
+        connection.close()
+        with connection.schema_editor() as editor:
+            MIGRATION._create(apps, editor)
+        store.claims_by_function = None
+        connection.close()

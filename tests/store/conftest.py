@@ -1,11 +1,13 @@
-"""What the PostgreSQL store's attack modules share: the claim function
-taken away under a running process, and a completion with or without a
-release in front of it."""
+"""What the PostgreSQL store's attack modules share: the store's functions
+taken away under a running process, their bodies as the server keeps them,
+and a completion with or without a release in front of it."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.apps import apps
@@ -19,25 +21,41 @@ from tests.testapp.models import Charge
 MIGRATION = importlib.import_module("idempotency_app.migrations.0007_claim_function")
 
 
+@contextlib.contextmanager
+def dropped(migration: Any) -> Iterator[None]:
+    """``migration``'s function dropped (a migration back before it), then
+    created again by the migration itself, and asked for again by the
+    process's store."""
+    with connection.schema_editor() as editor:
+        migration._drop(apps, editor)
+    try:
+        yield
+    finally:
+        connection.close()
+        with connection.schema_editor() as editor:
+            migration._create(apps, editor)
+        backend("default").claims_by_function = None  # the rest of the run asks again
+        connection.close()
+
+
+def function_source(signature: str) -> str:
+    """The body of the function of ``signature``, as the server keeps it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure(%s)", [signature])
+        (source,) = cursor.fetchone()
+    return str(source)
+
+
 @pytest.fixture
 def function_dropped() -> Iterator[postgresql.Backend]:
     """The process's store, already claiming through the function, with the
-    function then dropped (a migration back to 0006); created again
-    afterwards by the migration itself, and asked for again."""
+    function then dropped (a migration back to 0006)."""
     store_ = backend("default")
     connection.ensure_connection()
     store_.claim_statement(True)
     assert store_.claims_by_function is True
-    with connection.schema_editor() as editor:
-        MIGRATION._drop(apps, editor)
-    try:
+    with dropped(MIGRATION):
         yield store_
-    finally:
-        connection.close()
-        with connection.schema_editor() as editor:
-            MIGRATION._create(apps, editor)
-        store_.claims_by_function = None  # the rest of the run claims through it again
-        connection.close()
 
 
 def is_completion(sql: str) -> bool:

@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from django.apps import apps
 from django.db import connection, transaction
 
 from idempotency_app.store import postgresql
 from idempotency_app.store.base import CLAIMED, Existing, Identity
-from tests.store.conftest import MIGRATION
+from tests.store.conftest import MIGRATION, dropped, function_source
 
 pytestmark = pytest.mark.postgresql
 
@@ -31,12 +30,7 @@ def test_the_function_runs_the_claim_statement_and_nothing_else() -> None:
     to one without the other fails here (and the function's comment and its
     ``synchronous_commit`` switch are all it adds)."""
     store = postgresql.Backend("default")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure(%s)",
-            [postgresql._CLAIM_SIGNATURE],
-        )
-        (source,) = cursor.fetchone()
+    source = function_source(postgresql._CLAIM_SIGNATURE)
     query = source.split("RETURN QUERY", 1)[1].rsplit(";", 1)[0]
     statement = store.claim_sql
     for name in postgresql.CLAIM_ARGUMENTS:
@@ -59,15 +53,9 @@ def test_only_a_claim_alone_skips_the_flush_wait(alone: bool, expected: str, key
 
 @pytest.fixture
 def without_the_function() -> Iterator[None]:
-    """The function dropped, as on a database still at migration 0006, and
-    created again afterwards by the migration itself."""
-    with connection.schema_editor() as editor:
-        MIGRATION._drop(apps, editor)
-    try:
+    """As on a database still at migration 0006."""
+    with dropped(MIGRATION):
         yield
-    finally:
-        with connection.schema_editor() as editor:
-            MIGRATION._create(apps, editor)
 
 
 @pytest.mark.django_db(transaction=True)

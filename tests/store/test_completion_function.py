@@ -17,15 +17,13 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from django.apps import apps
-from django.db import connection
 from rest_framework.test import APIClient
 
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import backend, postgresql
 from idempotency_app.store.base import CLAIMED, Identity, StoredResponse
 from tests.conftest import post
-from tests.store.conftest import complete_in_a_block
+from tests.store.conftest import complete_in_a_block, dropped, function_source
 from tests.store.test_claim_function_attacks import odd_identities
 from tests.testapp.models import Charge
 
@@ -49,29 +47,15 @@ def _store(by_function: bool) -> postgresql.Backend:
 
 @pytest.fixture
 def without_the_function() -> Iterator[None]:
-    """The function dropped, as on a database still at migration 0007 (or
-    migrated back to it), and created again afterwards by the migration."""
-    with connection.schema_editor() as editor:
-        MIGRATION._drop(apps, editor)
-    try:
+    """As on a database still at migration 0007."""
+    with dropped(MIGRATION):
         yield
-    finally:
-        connection.close()
-        with connection.schema_editor() as editor:
-            MIGRATION._create(apps, editor)
-        backend("default").claims_by_function = None  # asked again by the rest of the run
-        connection.close()
 
 
 def test_the_function_runs_the_completion_statement_and_nothing_else() -> None:
     """Kept in step with the statement the store sends without it: a change
     to one without the other fails here."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure(%s)",
-            [postgresql._COMPLETE_SIGNATURE],
-        )
-        (source,) = cursor.fetchone()
+    source = function_source(postgresql._COMPLETE_SIGNATURE)
     update = source.split("BEGIN", 1)[1].split(";", 1)[0]
     statement = postgresql.Backend("default").complete_sql
     for name in ("scope", "key", "token", "expires", "status", "headers", "body"):
@@ -157,9 +141,7 @@ def test_a_function_dropped_under_a_running_process_costs_one_rolled_back_reques
     assert post(quiet_api, "/charges/", {"label": f"{key}-warm", "amount": 1}, f"{key}-warm")
     store = backend("default")
     assert store.completes_by_function is True
-    with connection.schema_editor() as editor:
-        MIGRATION._drop(apps, editor)
-    try:
+    with dropped(MIGRATION):
         with caplog.at_level(logging.WARNING, logger="idempotency_app"):
             first = post(quiet_api, "/charges/", body, key)
         assert first.status_code == 500, first.content
@@ -173,9 +155,3 @@ def test_a_function_dropped_under_a_running_process_costs_one_rolled_back_reques
         replay = post(quiet_api, "/charges/", body, key)
         assert replay["Idempotent-Replayed"] == "true"
         assert replay.json() == retry.json()
-    finally:
-        connection.close()
-        with connection.schema_editor() as editor:
-            MIGRATION._create(apps, editor)
-        store.claims_by_function = None
-        connection.close()

@@ -13,8 +13,12 @@ The UPDATE is the store's completion statement
 function's arguments; a test keeps the two the same, and a change to the
 statement comes with a new function (``idempotency_complete_v2``) in a new
 migration. A completion that matches no row (its claim was taken over)
-raises, as the statement does. Until this migration has run the store sends
-the statement itself. Other databases: nothing.
+raises (``raise_exception``, a Django ``InternalError``, where the
+statement's cast raised a ``DataError``): either way the COMMIT after it
+does not run. The store calls it in a savepoint of its own, so that a
+session that cannot call it (a tenant's schema not migrated yet) goes back
+to the savepoint and sends the statement. Until this migration has run the
+store sends the statement itself. Other databases: nothing.
 """
 
 from __future__ import annotations

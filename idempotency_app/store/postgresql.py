@@ -45,9 +45,11 @@ CLAIM_ARGUMENTS = (
 # What a call of a function that is gone or not ours to call fails with.
 UNCALLABLE = frozenset({"42883", "42501"})  # undefined_function, insufficient_privilege
 _CLAIM_SIGNATURE = f"{CLAIM_FUNCTION}(text,text,text,text,text,float8,float8,float8,float8,boolean)"
-# The completion sent with the COMMIT as a PL/pgSQL function (migration 0008).
+# The completion sent with the COMMIT as a PL/pgSQL function (migration 0008),
+# called in a savepoint of its own.
 COMPLETE_FUNCTION = "idempotency_complete_v1"
 _COMPLETE_SIGNATURE = f"{COMPLETE_FUNCTION}(text,text,text,float8,integer,text,bytea)"
+COMPLETING = "idempotency_app_completes"
 # The claim function's argument types, as libpq takes them (text, float8).
 _CLAIM_TYPES = (25,) * 5 + (701,) * 4
 # The attribute on the statement guard's cursor class that names the
@@ -113,7 +115,11 @@ class Backend(base.Backend):
         )
         # The same as a function the server plans once per connection
         # (migration 0008), which raises where the statement's cast fails.
+        # In a savepoint of its own: a session that cannot call it (a tenant
+        # schema not migrated yet, EXECUTE revoked) goes back to the savepoint
+        # and sends the statement, the work intact.
         self.complete_commit_call = (
+            f"SAVEPOINT {COMPLETING}; "
             f"SELECT {COMPLETE_FUNCTION}(%(scope)s, %(key)s, %(token)s, %(expires)s, "
             "%(status)s, %(headers)s, %(body)s); COMMIT"
         )
@@ -209,14 +215,14 @@ class Backend(base.Backend):
 
     def _give_up_the_completion_function(self, exc: Exception) -> None:
         """The completion function is gone, or this session cannot call it
-        (a migration back to 0007, ``EXECUTE`` revoked): the work it was
-        sent with rolled back, as with any failed COMMIT, and completions
-        send the statement for the life of the process."""
+        (a migration back to 0007, a tenant's schema not migrated yet,
+        ``EXECUTE`` revoked): completions send the statement for the life
+        of the process, this one included."""
         self.completes_by_function = False
         logger.warning(
-            "idempotency_app: cannot call %s on database %r (%s); the work it completed rolled "
-            "back, and completions send the statement itself from now on. Run migrate, and "
-            "grant EXECUTE on it where the table is.",
+            "idempotency_app: cannot call %s on database %r (%s); completions send the "
+            "statement itself from now on. Run migrate in every schema that holds the table, "
+            "and grant EXECUTE on it there.",
             COMPLETE_FUNCTION,
             self.using,
             exc,
@@ -258,24 +264,18 @@ class Backend(base.Backend):
             return super().complete(identity, token, response, ttl, commit, before, connection)
         params = self.complete_params(identity, token, response, ttl)
         sql = self.completion_statement(commit)
+        unseen = _sends_unseen_in_transaction(connection)
         try:
-            if _sends_unseen_in_transaction(connection):
-                return _complete_unseen(connection, before, sql, params, commit)
-            cursor = base.statement_cursor(connection)
-            if before:
-                cursor.execute(*_joined(cursor.cursor, before, sql, params))
-            else:
-                cursor.execute(sql, params)
+            return _send_completion(connection, unseen, before, sql, params, commit)
         except ProgrammingError as exc:
             code = getattr(exc.__cause__, "sqlstate", None)
-            if sql is self.complete_commit_call and code in UNCALLABLE:
-                self._give_up_the_completion_function(exc)
-            raise
-        if commit:
-            return True
-        for _ in before:
-            cursor.nextset()  # to the completion's own result
-        return bool(cursor.rowcount == 1)
+            if sql is not self.complete_commit_call or code not in UNCALLABLE:
+                raise
+            self._give_up_the_completion_function(exc)
+        # Nothing after the savepoint in front of the call ran: back to it,
+        # and the statement instead, the work intact.
+        undo = [f"ROLLBACK TO SAVEPOINT {COMPLETING}"]
+        return _send_completion(connection, unseen, undo, self.complete_commit_sql, params, commit)
 
     def completion_statement(self, commit: bool) -> str:
         """The completion, and with ``commit`` the COMMIT after it: the
@@ -399,6 +399,31 @@ def _sends_unseen_in_transaction(connection: Any) -> bool:
     miss it (``_past_the_cursor``), and a transaction is open and has not
     failed (psycopg would send nothing first)."""
     return _past_the_cursor(connection) and in_open_transaction(connection.connection)
+
+
+def _send_completion(
+    connection: Any,
+    unseen: bool,
+    before: Sequence[str],
+    sql: str,
+    params: dict[str, Any],
+    commit: bool,
+) -> bool:
+    """The completion with ``before`` in front, through libpq's own call
+    where nobody would miss it (``unseen``), else Django's cursor: whether
+    it matched the claim (always, with ``commit``: else it failed)."""
+    if unseen:
+        return _complete_unseen(connection, before, sql, params, commit)
+    cursor = base.statement_cursor(connection)
+    if before:
+        cursor.execute(*_joined(cursor.cursor, before, sql, params))
+    else:
+        cursor.execute(sql, params)
+    if commit:
+        return True
+    for _ in before:
+        cursor.nextset()  # to the completion's own result
+    return bool(cursor.rowcount == 1)
 
 
 def _complete_unseen(

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from django.apps import apps
+from django.db import connection, connections
 from rest_framework.test import APIClient
 
 from idempotency_app.models import IdempotencyRecord
@@ -61,6 +64,9 @@ def test_the_function_runs_the_completion_statement_and_nothing_else() -> None:
     for name in ("scope", "key", "token", "expires", "status", "headers", "body"):
         statement = statement.replace(f"%({name})s", f"_{name}")
     assert _compact(update) == _compact(statement)
+    # And it fails, as the statement does, unless it matched exactly one row.
+    assert "IFmatched<>1THENRAISEEXCEPTION" in _compact(source)
+    assert postgresql.CLAIM_LOST in source
 
 
 def test_the_store_asks_for_both_functions_at_its_first_claim(key: str) -> None:
@@ -128,15 +134,13 @@ def test_before_the_migration_the_store_completes_with_the_statement(key: str) -
     assert IdempotencyRecord.objects.get(key=key).status == IdempotencyRecord.Status.COMPLETED
 
 
-def test_a_function_dropped_under_a_running_process_costs_one_rolled_back_request(
+def test_a_function_dropped_under_a_running_process_costs_no_request(
     quiet_api: APIClient, key: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A migration back to 0007 while a process runs: the request whose
-    completion meets the missing function commits nothing (its work rolled
-    back with it), answers ``request_rolled_back``, and lets its key go; the
-    process then completes with the statement, so the retry runs and
-    completes. Never a charge without its record, nor a record without its
-    charge."""
+    """A migration back to 0007 while a process runs: the completion that
+    meets the missing function goes back to its savepoint and sends the
+    statement, the work intact; the process sends the statement from then
+    on. The request gets its 201, and runs once."""
     body = {"label": key, "amount": 5}
     assert post(quiet_api, "/charges/", {"label": f"{key}-warm", "amount": 1}, f"{key}-warm")
     store = backend("default")
@@ -144,14 +148,121 @@ def test_a_function_dropped_under_a_running_process_costs_one_rolled_back_reques
     with dropped(MIGRATION):
         with caplog.at_level(logging.WARNING, logger="idempotency_app"):
             first = post(quiet_api, "/charges/", body, key)
-        assert first.status_code == 500, first.content
-        assert first.json()["code"] == "request_rolled_back"
-        assert not Charge.objects.filter(label=key).exists()
+        assert first.status_code == 201, first.content
         assert store.completes_by_function is False
         assert postgresql.COMPLETE_FUNCTION in caplog.text
-        retry = post(quiet_api, "/charges/", body, key)
-        assert retry.status_code == 201, retry.content
-        assert Charge.objects.filter(label=key).count() == 1
         replay = post(quiet_api, "/charges/", body, key)
         assert replay["Idempotent-Replayed"] == "true"
-        assert replay.json() == retry.json()
+        assert replay.json() == first.json()
+        assert Charge.objects.filter(label=key).count() == 1
+
+
+def test_requests_in_flight_when_the_function_is_dropped_all_complete(key: str) -> None:
+    """Four requests of one process are inside their work when the function
+    is dropped: each completes, none is rolled back, and each record has
+    its charge."""
+    from idempotency_app import service
+
+    store = backend("default")
+    with service.once("tests:completion-function", f"{key}-warm", "op") as warm:
+        warm.result = 1
+    assert store.completes_by_function is True
+    count = 4
+    inside, go = threading.Barrier(count + 1), threading.Event()
+    outcomes: list[str] = []
+
+    def one(n: int) -> None:
+        try:
+            with service.once("tests:completion-function", f"{key}-{n}", "op") as run:
+                Charge.objects.create(label=f"{key}-{n}", amount=1)
+                inside.wait()
+                go.wait()
+                run.result = n
+            outcomes.append("ok")
+        except Exception as exc:
+            outcomes.append(type(exc).__name__)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    inside.wait()
+    with dropped(MIGRATION):
+        go.set()
+        for thread in threads:
+            thread.join()
+        assert outcomes == ["ok"] * count, outcomes
+        for n in range(count):
+            done = IdempotencyRecord.objects.filter(key=f"{key}-{n}", status="completed")
+            assert done.count() == Charge.objects.filter(label=f"{key}-{n}").count() == 1
+
+
+# -- A tenant's schema still at 0007, after one at 0008 ------------------------
+
+TABLES = (IdempotencyRecord._meta.db_table, Charge._meta.db_table)
+MIGRATED, BEHIND = "idem_tenant_0008", "idem_tenant_0007"
+CLAIM_MIGRATION = importlib.import_module("idempotency_app.migrations.0007_claim_function")
+
+
+def _search_path(path: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET search_path TO {path}")
+
+
+@pytest.fixture
+def tenants() -> Iterator[None]:
+    """Two tenants' schemas, each with its own table: one migrated to 0008,
+    one still at 0007 (the claim function only), as in a migration of
+    every tenant's schema half done."""
+    connection.ensure_connection()
+    for schema, migrations in (
+        (MIGRATED, (CLAIM_MIGRATION, MIGRATION)),
+        (BEHIND, (CLAIM_MIGRATION,)),
+    ):
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            cursor.execute(f"CREATE SCHEMA {schema}")
+            for table in TABLES:
+                cursor.execute(
+                    f'CREATE TABLE {schema}."{table}" (LIKE public."{table}" INCLUDING ALL)'
+                )
+        _search_path(schema)
+        for migration in migrations:
+            with connection.schema_editor() as editor:
+                migration._create(apps, editor)
+    _search_path("public")
+    try:
+        yield
+    finally:
+        connection.close()
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP SCHEMA IF EXISTS {MIGRATED} CASCADE")
+            cursor.execute(f"DROP SCHEMA IF EXISTS {BEHIND} CASCADE")
+        backend("default").claims_by_function = None
+        connection.close()
+
+
+@pytest.mark.usefixtures("tenants")
+def test_a_tenant_still_at_0007_after_one_at_0008_completes(key: str) -> None:
+    """The process learns of both functions in the migrated tenant; the
+    other tenant's completion falls back to the statement, the work intact,
+    each record with its charge in its own schema."""
+    s = postgresql.Backend("default")
+    try:
+        for n, schema in enumerate((MIGRATED, BEHIND)):
+            _search_path(schema)
+            identity = Identity("tenant", f"{key}-{n}", "op", "fp")
+            assert s.claim(identity, "tok", 60, 30) is CLAIMED
+            assert complete_in_a_block(s, identity, RESPONSE, with_release=True)
+            assert s.completes_by_function is (schema == MIGRATED)
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f'SELECT (SELECT count(*) FROM {schema}."{TABLES[0]}" WHERE key = %s AND '
+                    f"status = 'completed'), (SELECT count(*) FROM {schema}.\"{TABLES[1]}\" "
+                    "WHERE label = %s)",
+                    [identity.key, identity.key],
+                )
+                assert cursor.fetchone() == (1, 1), schema
+    finally:
+        connection.close()

@@ -11,6 +11,7 @@ still complete correctly, with the statement itself.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import threading
@@ -20,6 +21,7 @@ from datetime import timedelta
 import pytest
 from django.apps import apps
 from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from idempotency_app.models import IdempotencyRecord
@@ -134,19 +136,24 @@ def test_before_the_migration_the_store_completes_with_the_statement(key: str) -
     assert IdempotencyRecord.objects.get(key=key).status == IdempotencyRecord.Status.COMPLETED
 
 
+@pytest.mark.parametrize("logged", [False, True], ids=["past-the-cursor", "django-cursor"])
 def test_a_function_dropped_under_a_running_process_costs_no_request(
-    quiet_api: APIClient, key: str, caplog: pytest.LogCaptureFixture
+    logged: bool, quiet_api: APIClient, key: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A migration back to 0007 while a process runs: the completion that
     meets the missing function goes back to its savepoint and sends the
     statement, the work intact; the process sends the statement from then
-    on. The request gets its 201, and runs once."""
+    on. The request gets its 201, and runs once: through libpq's own call,
+    and through Django's cursor (where queries are logged)."""
     body = {"label": key, "amount": 5}
     assert post(quiet_api, "/charges/", {"label": f"{key}-warm", "amount": 1}, f"{key}-warm")
     store = backend("default")
     assert store.completes_by_function is True
     with dropped(MIGRATION):
-        with caplog.at_level(logging.WARNING, logger="idempotency_app"):
+        with (
+            caplog.at_level(logging.WARNING, logger="idempotency_app"),
+            CaptureQueriesContext(connection) if logged else contextlib.nullcontext(),
+        ):
             first = post(quiet_api, "/charges/", body, key)
         assert first.status_code == 201, first.content
         assert store.completes_by_function is False

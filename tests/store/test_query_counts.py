@@ -58,6 +58,9 @@ VIEW = ["view", "view"]
 def label(sql: str) -> str | None:
     """What a statement is, or None for one that is not counted."""
     text = " ".join(sql.split()).lower()
+    if COMPLETE_FUNCTION in text:
+        # PostgreSQL: the completion as a function, in its savepoint, with the COMMIT
+        return "update"
     if text.startswith("savepoint"):
         return "savepoint"
     if text.startswith("release savepoint"):
@@ -66,8 +69,6 @@ def label(sql: str) -> str | None:
         return "rollback to savepoint"
     if CLAIM_FUNCTION in text:
         return "claim+read"  # PostgreSQL: the claim statement as a function
-    if COMPLETE_FUNCTION in text:
-        return "update"  # PostgreSQL: the completion as a function, with the COMMIT
     if RECORDS in text:
         if text.startswith("with done as (update"):
             return "update"  # the completion, sent with the COMMIT (PostgreSQL)

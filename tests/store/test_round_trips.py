@@ -22,14 +22,15 @@ from django.db import connection, transaction
 from rest_framework.test import APIClient
 
 from idempotency_app.store import backend
-from idempotency_app.store.postgresql import CLAIM_FUNCTION, COMPLETE_FUNCTION
+from idempotency_app.store.postgresql import CLAIM_FUNCTION, COMPLETE_FUNCTION, COMPLETING
 from tests.conftest import post
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 
 BODY = {"label": "a", "amount": 5}
 CLAIM_CALL = f"SELECT * FROM {CLAIM_FUNCTION}".upper()
-COMPLETE_CALL = f"SELECT {COMPLETE_FUNCTION}(".upper()
+# The completion as the function, in its savepoint (the trace keeps 40 characters).
+COMPLETE_CALL = f"SAVEPOINT {COMPLETING}; SELECT {COMPLETE_FUNCTION}(".upper()[:40]
 
 
 @contextlib.contextmanager

@@ -114,10 +114,9 @@ class Backend(base.Backend):
             f"ELSE CAST('{CLAIM_LOST}: ' || count(*) AS integer) END FROM done; COMMIT"
         )
         # The same as a function the server plans once per connection
-        # (migration 0008), which raises where the statement's cast fails.
-        # In a savepoint of its own: a session that cannot call it (a tenant
-        # schema not migrated yet, EXECUTE revoked) goes back to the savepoint
-        # and sends the statement, the work intact.
+        # (migration 0008), which raises where the statement's cast fails,
+        # in a savepoint of its own: a session that cannot call it goes back
+        # to the savepoint and sends the statement, the work intact.
         self.complete_commit_call = (
             f"SAVEPOINT {COMPLETING}; "
             f"SELECT {COMPLETE_FUNCTION}(%(scope)s, %(key)s, %(token)s, %(expires)s, "

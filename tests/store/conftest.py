@@ -31,11 +31,17 @@ def dropped(migration: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        connection.close()
-        with connection.schema_editor() as editor:
-            migration._create(apps, editor)
-        backend("default").claims_by_function = None  # the rest of the run asks again
-        connection.close()
+        restore(migration)
+
+
+def restore(migration: Any) -> None:
+    """``migration``'s function created again by the migration itself, and
+    asked for again by the process's store."""
+    connection.close()
+    with connection.schema_editor() as editor:
+        migration._create(apps, editor)
+    backend("default").claims_by_function = None  # the rest of the run asks again
+    connection.close()
 
 
 def function_source(signature: str) -> str:

@@ -18,7 +18,7 @@ from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import backend, postgresql
 from idempotency_app.store.base import CLAIMED, Existing, Identity, StoredResponse, parse_headers
 from tests.savepoints import savepoint
-from tests.store.conftest import MIGRATION, complete_in_a_block
+from tests.store.conftest import MIGRATION, complete_in_a_block, restore
 from tests.testapp.models import Charge
 
 pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
@@ -37,11 +37,7 @@ def restore_function() -> Iterator[None]:
     try:
         yield
     finally:
-        connection.close()
-        with connection.schema_editor() as editor:
-            MIGRATION._create(apps, editor)
-        backend("default").claims_by_function = None
-        connection.close()
+        restore(MIGRATION)
 
 
 # --- 1. _joined(): other client encodings -------------------------------------

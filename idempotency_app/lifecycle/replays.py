@@ -15,7 +15,12 @@ does not match what is held (another operation or fingerprint) always asks
 the database, which answers 422 or whatever is true there.
 
 Bounded: at most ``REPLAY_CACHE_ENTRIES`` responses, the oldest dropped
-first, and none over ``MAX_ENTRY_BYTES`` (body and headers).
+first, and none over ``MAX_ENTRY_BYTES`` (body and headers). A change of
+the ``IDEMPOTENCY`` setting (``override_settings`` in a test) empties it:
+what was held under the old settings, or while the cache was on, is never
+replayed under the new ones. So does ``flush``, which tests that commit
+run between tests (it sends ``post_migrate``): the database forgets every
+key then, and so must this process.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import threading
 import time
 from collections import OrderedDict
 
+from django.core.signals import setting_changed
 from django.db import transaction
+from django.db.models.signals import post_migrate
 
 from idempotency_app.conf import conf
 from idempotency_app.store import Identity, StoredResponse
@@ -92,7 +99,8 @@ def forget(using: str, identity: Identity) -> None:
 
 
 def clear() -> None:
-    """Forget everything: an operator changed records this process may hold."""
+    """Forget everything: an operator changed records this process may
+    hold, or the settings changed."""
     global _generation
     with _lock:
         _generation += 1
@@ -103,3 +111,16 @@ def clear_on_commit(using: str) -> None:
     """Forget everything once an operator's change on ``using`` commits (at
     once outside a transaction)."""
     transaction.on_commit(clear, using=using)
+
+
+def _clear_on_change(setting: str, **kwargs: object) -> None:
+    if setting == "IDEMPOTENCY":
+        clear()
+
+
+def _clear_after_migrate(**kwargs: object) -> None:
+    clear()
+
+
+setting_changed.connect(_clear_on_change, dispatch_uid="idempotency_app.replays")
+post_migrate.connect(_clear_after_migrate, dispatch_uid="idempotency_app.replays")

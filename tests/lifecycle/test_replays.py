@@ -126,6 +126,45 @@ def test_a_release_in_the_admin_empties_it_too(api: APIClient, user: User, key: 
         assert held(key) is None
 
 
+def test_switched_off_it_holds_nothing_it_held_before(api: APIClient, key: str) -> None:
+    """A test suite turns the cache on for one test, then flushes the
+    database: with the cache off, a retry must ask the database, not get
+    the response a process held while it was on."""
+    with cached(30):
+        post(api, "/charges/", BODY, key)
+        assert held(key) is not None
+    IdempotencyRecord.objects.filter(key=key).delete()  # as a flush between tests would
+    again = post(api, "/charges/", BODY, key)
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again
+    assert Charge.objects.count() == 2
+
+
+def test_a_flush_of_the_database_empties_it(api: APIClient, key: str) -> None:
+    """``flush`` (what ``TransactionTestCase`` and pytest-django's
+    ``transactional_db`` run between tests) forgets every key: so does the
+    cache, or the next test's request under a key an earlier test sent
+    would get that test's response."""
+    from django.core.management import call_command
+
+    with cached(30):
+        post(api, "/charges/", BODY, key)
+        call_command("flush", interactive=False, verbosity=0)
+        again = post(api, "/charges/", BODY, key)
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again
+    assert Charge.objects.count() == 1  # the first one went with the flush
+
+
+def test_settings_changed_under_it_empty_it(api: APIClient, key: str) -> None:
+    """Whatever the change (another database alias, a shorter window), what
+    was held under the old settings is not replayed under the new ones."""
+    with cached(30):
+        post(api, "/charges/", BODY, key)
+        with cached(5):
+            count, again = statements(lambda: post(api, "/charges/", BODY, key))
+    assert again["Idempotent-Replayed"] == "true"
+    assert count >= 1, "held under other settings: read again"
+
+
 def test_entries_are_bounded(api: APIClient) -> None:
     with cached(REPLAY_CACHE_ENTRIES=2):
         for key in ("k-1", "k-2", "k-3"):

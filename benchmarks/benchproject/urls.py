@@ -10,5 +10,6 @@ urlpatterns = [
     path("floor/", views.floor),
     path("plain/", views.plain),
     path("idem/", api_view(["POST"])(idempotent(views.write))),
+    path("least-replay/", views.least_replay),
     path("library/", views.library),
 ]

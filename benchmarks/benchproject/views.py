@@ -11,11 +11,12 @@ the conflict scenario uses it to keep a key in progress.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 
 from django.db import transaction
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -27,6 +28,26 @@ from benchmarks.benchproject.models import Charge, LedgerEntry
 def floor(request: Request) -> Response:
     """The worker's pid lets the load driver spread its connections evenly."""
     return Response({"ok": True, "worker": os.getpid()})
+
+
+# What ``least_replay`` answered, by the digest of what was asked.
+_ANSWERED: dict[bytes, tuple[int, bytes]] = {}
+
+
+@api_view(["POST"])
+def least_replay(request: Request) -> HttpResponse:
+    """The least a correct replay held in memory can do beyond ``floor``:
+    read the body and hash it with the principal and the key (a key sent
+    again with another body is another request, and must not get this
+    answer), find the answer, and send its bytes as they were. The first
+    request of a key stores the floor's answer."""
+    key = request.headers.get("Idempotency-Key", "")
+    asked = hashlib.sha256(f"{request.user.pk}\n{key}\n".encode() + request.body).digest()
+    answer = _ANSWERED.get(asked)
+    if answer is None:
+        answer = _ANSWERED[asked] = (201, b'{"id":1,"label":"bench","amount":100}')
+    status, body = answer
+    return HttpResponse(body, status=status, content_type="application/json")
 
 
 def library(request: HttpRequest) -> JsonResponse:

@@ -12,6 +12,11 @@ from typing import Any
 from django.db import ProgrammingError, connections, transaction
 from django.db.backends import utils
 
+try:
+    from psycopg import adapt, errors, generators, pq
+except ImportError:  # psycopg2: the store's statements go through Django's cursor
+    adapt = errors = generators = pq = None  # type: ignore[assignment]
+
 from idempotency_app.store import base
 from idempotency_app.store.base import (
     CLAIMED,
@@ -175,8 +180,6 @@ class Backend(base.Backend):
         its arguments apart from the text (``_claims_unseen``): no Django
         or psycopg cursor to pass through, which costs several times what
         the call itself does. Its row is read as psycopg reads a cursor's."""
-        from psycopg import pq
-
         raw = connection.connection
         # Each by its value, as psycopg binds it: str() of a str subclass (a
         # ``(str, Enum)`` member) need not be its value.
@@ -432,8 +435,6 @@ def _complete_unseen(
     ``commit``) as one message through libpq's own call, bound as text by
     psycopg as its cursor would: whether it matched the claim. libpq
     answers with the last statement's result, or the first that failed."""
-    from psycopg import pq
-
     raw = connection.connection
     message = "; ".join([*before, base.kept_cursor(connection).mogrify(sql, params)]).encode()
     with connection.wrap_database_errors:
@@ -452,12 +453,10 @@ def _row_reader(connection: Any) -> Any:
     cursors read rows with), kept per driver connection as the kept cursor
     is: a new one makes each column's loader again, as much as the rest
     of the read."""
-    from psycopg.adapt import Transformer
-
     raw = connection.connection
     kept = vars(connection).get(_ROW_READER)
     if kept is None or kept[0] is not raw:
-        kept = (raw, Transformer.from_context(raw))
+        kept = (raw, adapt.Transformer.from_context(raw))
         setattr(connection, _ROW_READER, kept)
     return kept[1]
 
@@ -611,7 +610,7 @@ def store_functions(raw: Any) -> tuple[bool, bool] | None:
     pgconn = getattr(raw, "pgconn", None)
     if pgconn is None:
         return False, False
-    from psycopg import Error, pq
+    from psycopg import Error
 
     status = pgconn.transaction_status
     if pgconn.pipeline_status or status not in (
@@ -656,8 +655,6 @@ def _opens_plainly(raw: Any) -> bool:
     """Whether psycopg would open a transaction before the next statement,
     with a plain BEGIN (no isolation level, read-only or deferrable setting
     on the connection)."""
-    from psycopg import pq
-
     return (
         not raw.autocommit
         and raw.pgconn.transaction_status == pq.TransactionStatus.IDLE
@@ -669,8 +666,6 @@ def _opens_plainly(raw: Any) -> bool:
 def in_open_transaction(raw: Any) -> bool:
     """Whether a transaction is open and has not failed (a statement sent
     now runs in it, with nothing psycopg would send first)."""
-    from psycopg import pq
-
     return bool(raw.pgconn.transaction_status == pq.TransactionStatus.INTRANS)
 
 
@@ -679,8 +674,6 @@ def send_at_once(connection: Any, sql: str) -> None:
     call, raising what psycopg would: no cursor to make, and nothing psycopg
     adds in front. Its transaction handling reads the session's status from
     libpq, so a BEGIN sent here is psycopg's transaction too."""
-    from psycopg import pq
-
     raw = connection.connection
     message = sql.encode()
     with connection.wrap_database_errors:
@@ -695,8 +688,6 @@ def _exchange(raw: Any, send: Callable[[], None]) -> list[Any]:
     gunicorn's ``SystemExit`` on a worker timeout) cancels the statement
     rather than wait for the server, and notifications reach the
     connection's handlers."""
-    from psycopg import generators
-
     with raw.lock:
         send()
         return raw.wait(generators.execute(raw.pgconn))  # type: ignore[no-any-return]
@@ -707,10 +698,8 @@ def _raise_for(raw: Any, result: Any, expected: Any) -> None:
     is not of the ``expected`` status: the server's error where it sent one
     (a session terminated by an administrator is ``AdminShutdown``), else
     the connection's."""
-    from psycopg import OperationalError, errors, pq
-
     if result.status == expected:
         return
     if result.status != pq.ExecStatus.FATAL_ERROR and raw.pgconn.status != pq.ConnStatus.OK:
-        raise OperationalError(raw.pgconn.get_error_message(raw.info.encoding))
+        raise errors.OperationalError(raw.pgconn.get_error_message(raw.info.encoding))
     raise errors.error_from_result(result, encoding=raw.info.encoding)

@@ -19,8 +19,11 @@ first, and none over ``MAX_ENTRY_BYTES`` (body and headers). A change of
 the ``IDEMPOTENCY`` setting (``override_settings`` in a test) empties it:
 what was held under the old settings, or while the cache was on, is never
 replayed under the new ones. So does ``flush``, which tests that commit
-run between tests (it sends ``post_migrate``): the database forgets every
-key then, and so must this process.
+run between tests (it sends ``post_migrate``, or, in a test case with
+``available_apps``, the test case changes ``INSTALLED_APPS`` around it):
+the database forgets every key then, and so must this process. Django's
+flush for ``serialized_rollback`` sends nothing: such tests turn the cache
+off (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -114,7 +117,9 @@ def clear_on_commit(using: str) -> None:
 
 
 def _clear_on_change(setting: str, **kwargs: object) -> None:
-    if setting == "IDEMPOTENCY":
+    # INSTALLED_APPS: a TransactionTestCase with available_apps flushes
+    # without post_migrate, and names it as it sets up and tears down.
+    if setting in ("IDEMPOTENCY", "INSTALLED_APPS"):
         clear()
 
 

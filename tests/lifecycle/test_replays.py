@@ -154,6 +154,55 @@ def test_a_flush_of_the_database_empties_it(api: APIClient, key: str) -> None:
     assert Charge.objects.count() == 1  # the first one went with the flush
 
 
+def test_a_test_case_with_available_apps_leaves_nothing_for_the_next() -> None:
+    """A ``TransactionTestCase`` with ``available_apps`` flushes without
+    ``post_migrate``; it names ``INSTALLED_APPS`` as it tears down, which
+    empties the cache, so the next test case's request under the same key,
+    scope and body runs."""
+    import io
+    import unittest
+
+    from django.test import TransactionTestCase
+
+    seen: dict[str, Any] = {}
+
+    class FastTests(TransactionTestCase):
+        available_apps = [
+            "django.contrib.auth",
+            "django.contrib.contenttypes",
+            "rest_framework",
+            "idempotency_app",
+            "tests.testapp",
+        ]
+
+        def test_alice_charges(self) -> None:
+            alice = User.objects.create(pk=4244, username="alice")
+            client = APIClient()
+            client.force_authenticate(alice)
+            first = post(client, "/charges/", BODY, "a-key-both-tests-send")
+            seen["alice"] = first.json()
+            self.assertEqual(first.status_code, 201)
+
+    class NextTests(TransactionTestCase):
+        def test_bob_charges(self) -> None:
+            bob = User.objects.create(pk=4244, username="bob")
+            client = APIClient()
+            client.force_authenticate(bob)
+            response = post(client, "/charges/", BODY, "a-key-both-tests-send")
+            seen["bob"] = response.json()
+            self.assertNotIn("Idempotent-Replayed", response)
+            self.assertEqual(Charge.objects.count(), 1)
+
+    loader = unittest.TestLoader()
+    suite = unittest.TestSuite(
+        [loader.loadTestsFromTestCase(FastTests), loader.loadTestsFromTestCase(NextTests)]
+    )
+    out = io.StringIO()
+    with cached(30):  # as a project's settings would have it
+        result = unittest.TextTestRunner(stream=out, verbosity=2).run(suite)
+    assert result.wasSuccessful(), f"{seen}\n{out.getvalue()}"
+
+
 def test_settings_changed_under_it_empty_it(api: APIClient, key: str) -> None:
     """Whatever the change (another database alias, a shorter window), what
     was held under the old settings is not replayed under the new ones."""

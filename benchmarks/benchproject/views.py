@@ -30,8 +30,9 @@ def floor(request: Request) -> Response:
     return Response({"ok": True, "worker": os.getpid()})
 
 
-# What ``least_replay`` answered, by the digest of what was asked.
-_ANSWERED: dict[bytes, tuple[int, bytes]] = {}
+# What ``least_replay`` answered, by the digest of what was asked: status,
+# headers and body, as a replay keeps them.
+_ANSWERED: dict[bytes, tuple[int, tuple[tuple[str, str], ...], bytes]] = {}
 
 
 @api_view(["POST"])
@@ -39,15 +40,22 @@ def least_replay(request: Request) -> HttpResponse:
     """The least a correct replay held in memory can do beyond ``floor``:
     read the body and hash it with the principal and the key (a key sent
     again with another body is another request, and must not get this
-    answer), find the answer, and send its bytes as they were. The first
-    request of a key stores the floor's answer."""
+    answer), find the answer, and send its bytes and headers as they were,
+    marked as a replay. The first request of a key stores an answer of the
+    size the bench view gives. Stricter than the library (the body's bytes,
+    not its JSON), which costs less, not more."""
     key = request.headers.get("Idempotency-Key", "")
     asked = hashlib.sha256(f"{request.user.pk}\n{key}\n".encode() + request.body).digest()
     answer = _ANSWERED.get(asked)
     if answer is None:
-        answer = _ANSWERED[asked] = (201, b'{"id":1,"label":"bench","amount":100}')
-    status, body = answer
-    return HttpResponse(body, status=status, content_type="application/json")
+        headers = (("Content-Type", "application/json"), ("Idempotency-Expires", "never"))
+        answer = _ANSWERED[asked] = (201, headers, b'{"id":1,"label":"bench","amount":100}')
+    status, headers, body = answer
+    response = HttpResponse(body, status=status)
+    for name, value in headers:
+        response[name] = value
+    response["Idempotent-Replayed"] = "true"
+    return response
 
 
 def library(request: HttpRequest) -> JsonResponse:

@@ -166,6 +166,15 @@ def test_a_test_case_with_available_apps_leaves_nothing_for_the_next() -> None:
 
     seen: dict[str, Any] = {}
 
+    def charge_as(username: str) -> Any:
+        """The same key, body and principal id in each test, as fixtures
+        would give them."""
+        client = APIClient()
+        client.force_authenticate(User.objects.create(pk=4244, username=username))
+        response = post(client, "/charges/", BODY, "a-key-both-tests-send")
+        seen[username] = response.json()
+        return response
+
     class FastTests(TransactionTestCase):
         available_apps = [
             "django.contrib.auth",
@@ -176,21 +185,11 @@ def test_a_test_case_with_available_apps_leaves_nothing_for_the_next() -> None:
         ]
 
         def test_alice_charges(self) -> None:
-            alice = User.objects.create(pk=4244, username="alice")
-            client = APIClient()
-            client.force_authenticate(alice)
-            first = post(client, "/charges/", BODY, "a-key-both-tests-send")
-            seen["alice"] = first.json()
-            self.assertEqual(first.status_code, 201)
+            self.assertEqual(charge_as("alice").status_code, 201)
 
     class NextTests(TransactionTestCase):
         def test_bob_charges(self) -> None:
-            bob = User.objects.create(pk=4244, username="bob")
-            client = APIClient()
-            client.force_authenticate(bob)
-            response = post(client, "/charges/", BODY, "a-key-both-tests-send")
-            seen["bob"] = response.json()
-            self.assertNotIn("Idempotent-Replayed", response)
+            self.assertNotIn("Idempotent-Replayed", charge_as("bob"))
             self.assertEqual(Charge.objects.count(), 1)
 
     loader = unittest.TestLoader()

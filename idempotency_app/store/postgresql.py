@@ -15,7 +15,7 @@ from django.db.backends import utils
 try:
     from psycopg import adapt, errors, generators, pq
 except ImportError:  # psycopg2: the store's statements go through Django's cursor
-    adapt = errors = generators = pq = None  # type: ignore[assignment]
+    adapt = errors = generators = pq = None  # type: ignore[assignment, unused-ignore]
 
 from idempotency_app.store import base
 from idempotency_app.store.base import (

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+# The bench view's request body, and the token of its first principal, for
+# requests sent in process through Django's test client.
+BODY = json.dumps({"label": "bench", "amount": 100})
+AUTH = {"HTTP_AUTHORIZATION": "Token bench-token-1"}
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = "benchmarks.benchproject.settings"
@@ -242,6 +250,29 @@ def percentile(values: list[float], fraction: float) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def alternate(
+    batches: dict[str, Callable[[], None]], rounds: int, per_batch: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Median wall and CPU time per request of each scenario, in
+    microseconds: each ``batches`` callable sends ``per_batch`` requests,
+    once to warm up, then ``rounds`` times, the scenarios alternating so
+    that whatever else the machine does weighs on all alike."""
+    walls: dict[str, list[float]] = {name: [] for name in batches}
+    cpus: dict[str, list[float]] = {name: [] for name in batches}
+    for batch in batches.values():
+        batch()
+    for _ in range(rounds):
+        for name, batch in batches.items():
+            started, cpu = time.perf_counter(), time.process_time()
+            batch()
+            walls[name].append((time.perf_counter() - started) / per_batch * 1e6)
+            cpus[name].append((time.process_time() - cpu) / per_batch * 1e6)
+    return (
+        {name: statistics.median(values) for name, values in walls.items()},
+        {name: statistics.median(values) for name, values in cpus.items()},
+    )
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:

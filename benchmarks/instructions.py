@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import re
 import shutil
@@ -37,6 +36,8 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (
+    AUTH,
+    BODY,
     ROOT,
     SETTINGS,
     git_describe,
@@ -75,7 +76,6 @@ PIECES = (
     "the claim of a new key, in full (lifecycle.claims.claim)",
 )
 WARM_UP = 20
-BODY = json.dumps({"label": "bench", "amount": 100})
 
 
 def piece(name: str) -> Callable[[], Any]:
@@ -136,7 +136,7 @@ def child(scenario: str, requests: int) -> None:
     views.SAVEPOINT = scenario != NO_SAVEPOINT
     from django.test import Client
 
-    client = Client(HTTP_AUTHORIZATION="Token bench-token-1")
+    client = Client(**AUTH)
     replay_key, held_key = f"replay-{uuid.uuid4()}", f"held-{uuid.uuid4()}"
 
     def send(path: str, key_kind: str | None) -> None:

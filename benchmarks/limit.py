@@ -22,13 +22,14 @@ of the batches' means.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import time
 import uuid
 from collections.abc import Callable
 
 from benchmarks.common import (
+    AUTH,
+    BODY,
+    alternate,
     machine,
     print_machine,
     reset_schema,
@@ -36,9 +37,6 @@ from benchmarks.common import (
     table,
     use_database,
 )
-
-BODY = json.dumps({"label": "bench", "amount": 100})
-AUTH = {"HTTP_AUTHORIZATION": "Token bench-token-1"}
 
 
 def view_statements() -> list[str]:
@@ -183,25 +181,6 @@ def through_django(per_batch: int) -> dict[str, Callable[[], None]]:
         "replay": send("/idem/", lambda: replayed),
         "replay, cached": cached(send("/idem/", lambda: replayed)),
     }
-
-
-def alternate(
-    batches: dict[str, Callable[[], None]], rounds: int, per_batch: int
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Median wall and CPU time per request of each scenario, in
-    microseconds."""
-    walls: dict[str, list[float]] = {name: [] for name in batches}
-    cpus: dict[str, list[float]] = {name: [] for name in batches}
-    for batch in batches.values():
-        batch()  # warm up
-    for _ in range(rounds):
-        for name, batch in batches.items():
-            started, cpu = time.perf_counter(), time.process_time()
-            batch()
-            walls[name].append((time.perf_counter() - started) / per_batch * 1e6)
-            cpus[name].append((time.process_time() - cpu) / per_batch * 1e6)
-    medians = {name: statistics.median(values) for name, values in walls.items()}
-    return medians, {name: statistics.median(values) for name, values in cpus.items()}
 
 
 def main() -> None:

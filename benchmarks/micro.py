@@ -48,6 +48,8 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from benchmarks import records
 from benchmarks.common import (
+    AUTH,
+    BODY,
     machine,
     median,
     percentile,
@@ -59,9 +61,6 @@ from benchmarks.common import (
     use_database,
     vendor,
 )
-
-BODY = json.dumps({"label": "bench", "amount": 100})
-AUTH = {"HTTP_AUTHORIZATION": "Token bench-token-1"}
 
 
 def client() -> Any:

@@ -21,13 +21,12 @@ on both alike; medians of the batches' means, wall and CPU.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from benchmarks.common import (
+    alternate,
     machine,
     print_machine,
     reset_schema,
@@ -101,28 +100,28 @@ def savepoint_forms(connection: Any) -> dict[str, Callable[[], None]]:
     }
 
 
-def alternate(
-    calls: dict[str, Callable[[], None]], batches: int, per_batch: int
-) -> list[list[str]]:
-    wall: dict[str, list[float]] = {name: [] for name in calls}
-    cpu: dict[str, list[float]] = {name: [] for name in calls}
-    for call in calls.values():
-        for _ in range(20):
-            call()
-    for _ in range(batches):
-        for name, call in calls.items():
-            w, p = time.perf_counter(), time.process_time()
+def compared(calls: dict[str, Callable[[], None]], rounds: int, per_batch: int) -> list[list[str]]:
+    """Each form's wall and CPU time per call, and against the first."""
+
+    def batch(call: Callable[[], None]) -> Callable[[], None]:
+        def calls_in_a_batch() -> None:
             for _ in range(per_batch):
                 call()
-            wall[name].append((time.perf_counter() - w) / per_batch * 1e6)
-            cpu[name].append((time.process_time() - p) / per_batch * 1e6)
+
+        return calls_in_a_batch
+
+    wall, cpu = alternate({n: batch(c) for n, c in calls.items()}, rounds, per_batch)
     first = next(iter(calls))
-    rows = []
-    for name in calls:
-        w, p = statistics.median(wall[name]), statistics.median(cpu[name])
-        w0, p0 = statistics.median(wall[first]), statistics.median(cpu[first])
-        rows.append([name, f"{w:,.0f}", f"{p:,.0f}", f"{w - w0:+,.0f}", f"{p - p0:+,.0f}"])
-    return rows
+    return [
+        [
+            name,
+            f"{wall[name]:,.0f}",
+            f"{cpu[name]:,.0f}",
+            f"{wall[name] - wall[first]:+,.0f}",
+            f"{cpu[name] - cpu[first]:+,.0f}",
+        ]
+        for name in calls
+    ]
 
 
 def main() -> None:
@@ -137,9 +136,9 @@ def main() -> None:
 
     print_machine(machine())
     connection.ensure_connection()
-    rows = alternate(claim_forms(connection), args.batches, args.per_batch)
+    rows = compared(claim_forms(connection), args.batches, args.per_batch)
     connection.connection.autocommit = False
-    rows += alternate(savepoint_forms(connection), args.batches, args.per_batch)
+    rows += compared(savepoint_forms(connection), args.batches, args.per_batch)
     connection.connection.autocommit = True
     headers = ["statement", "wall us", "CPU us", "wall vs as sent", "CPU vs as sent"]
     print(table(headers, rows))

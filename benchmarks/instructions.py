@@ -165,7 +165,16 @@ def child(scenario: str, requests: int) -> None:
 def count(checkout: Path, scenario: str, requests: int) -> int:
     """Instructions of a child process running ``scenario``."""
     shim = library_shim(checkout)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([shim.name, str(ROOT)])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([shim.name, str(ROOT)]),
+        # A fixed string hash: set and dict orders, and so the counts, repeat
+        # from run to run (a random one moves them by tens of thousands).
+        "PYTHONHASHSEED": "0",
+        # Under valgrind the warm-up alone outlasts the default 5 seconds:
+        # the timed replays would read the record again.
+        "IDEMPOTENCY_BENCH_REPLAY_CACHE": "60",
+    }
     command = [
         "valgrind",
         "--tool=cachegrind",

@@ -189,9 +189,29 @@ def in_transaction(using: str) -> bool:
     return not runs_alone(connections[using])
 
 
-@signals.timed(signals.claim_timed)
 def claim(identity: Identity, policy: Policy, connection: Any = None) -> Claim | Replay:
-    """The key for this worker, or the response stored for it.
+    """The key for this worker, or the response stored for it: from
+    ``REPLAY_CACHE`` when it holds one (``remembered``), else from the
+    database (``arbitrate``)."""
+    cached = replays.get(identity, policy.using)
+    if cached is not None:
+        return remembered(identity, cached)
+    return arbitrate(identity, policy, connection)
+
+
+@signals.timed(signals.claim_timed)
+def remembered(identity: Identity, response: StoredResponse) -> Replay:
+    """A claim ``REPLAY_CACHE`` decided (``replays.get`` found ``response``),
+    before any connection or transaction is touched: a replay costs no more
+    than the lookup."""
+    signals.replayed.send(Claim, identity=identity)
+    return Replay(response)
+
+
+@signals.timed(signals.claim_timed)
+def arbitrate(identity: Identity, policy: Policy, connection: Any = None) -> Claim | Replay:
+    """The key for this worker, or the response stored for it, as the
+    database decides.
 
     Raises ``KeyInProgress`` while another worker holds it (after waiting up
     to ``policy.wait``), ``KeyReused`` when it was used for another request,
@@ -205,10 +225,6 @@ def claim(identity: Identity, policy: Policy, connection: Any = None) -> Claim |
     like any duplicate in flight, within ``policy.wait``. A connection that
     broke since its last use (the database restarted) is replaced once.
     """
-    cached = replays.get(identity, policy.using)
-    if cached is not None:
-        signals.replayed.send(Claim, identity=identity)
-        return Replay(cached)
     store.backend(policy.using).check_storable(identity)
     deadline = time.monotonic() + policy.wait
     # One token for every attempt: a statement whose answer was lost with

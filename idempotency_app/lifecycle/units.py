@@ -48,7 +48,8 @@ from idempotency_app.lifecycle.claims import (
     Claim,
     Policy,
     Replay,
-    claim,
+    arbitrate,
+    remembered,
 )
 from idempotency_app.lifecycle.drivers import is_lock_conflict, is_outage
 from idempotency_app.lifecycle.work import UnitAtomic
@@ -120,14 +121,19 @@ def run(
 def claimed(identity: Identity, policy: Policy) -> Iterator[Claim | Replay]:
     """The claim's decision, for the body to run the work under. Inside a
     transaction the claim, the work and the completion share one savepoint,
-    so letting go is its rollback."""
+    so letting go is its rollback. A replay ``REPLAY_CACHE`` holds touches
+    no connection."""
+    cached = replays.get(identity, policy.using)
+    if cached is not None:
+        yield remembered(identity, cached)
+        return
     connection = connections[policy.using]
     with judging_per_unit():
         if runs_alone(connection):
-            yield claim(identity, policy, connection)
+            yield arbitrate(identity, policy, connection)
         else:
             with UnitAtomic(policy.using):
-                yield claim(identity, policy, connection)
+                yield arbitrate(identity, policy, connection)
 
 
 def execute(held: Claim, work: Callable[[], T], settle: Settle[T]) -> Executed[T]:

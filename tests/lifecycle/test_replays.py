@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
+from idempotency_app import signals
 from idempotency_app.lifecycle import replays
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import Identity, StoredResponse
@@ -69,6 +70,28 @@ def test_a_replay_read_from_the_database_is_held_too(api: APIClient, key: str) -
         assert statements(lambda: post(api, "/charges/", BODY, key))[0] >= 1
         count, again = statements(lambda: post(api, "/charges/", BODY, key))
     assert again["Idempotent-Replayed"] == "true" and count == 0
+
+
+def test_inside_a_transaction_a_held_replay_touches_no_connection(api: APIClient, key: str) -> None:
+    """A replay from memory is decided before any savepoint is opened: not
+    one statement, even inside the caller's transaction, and the claim is
+    still timed as one that replayed."""
+    decisions: list[Any] = []
+
+    def on_claim(decision: Any = None, **kwargs: Any) -> None:
+        decisions.append(decision)
+
+    signals.claim_timed.connect(on_claim, weak=False)
+    try:
+        with cached():
+            post(api, "/charges/", BODY, key)
+            with transaction.atomic():
+                count, again = statements(lambda: post(api, "/charges/", BODY, key))
+    finally:
+        signals.claim_timed.disconnect(on_claim)
+    assert again["Idempotent-Replayed"] == "true"
+    assert count == 0
+    assert [type(decision).__name__ for decision in decisions] == ["AtomicClaim", "Replay"]
 
 
 def test_another_request_under_the_same_key_is_judged_by_the_database(

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from django.conf import settings as django_settings
 from django.test.utils import override_settings
 
-from idempotency_app.conf import conf
+from idempotency_app.conf import conf, resolve_callable
 
 
 def test_defaults() -> None:
@@ -51,3 +53,23 @@ def test_never_stored_headers_cannot_be_added() -> None:
         assert "x-request-id" in conf.STORED_HEADERS
         assert "set-cookie" not in conf.STORED_HEADERS
         assert "authorization" not in conf.STORED_HEADERS
+
+
+def test_a_dotted_path_is_read_off_its_module_or_imported_as_django_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hook's path is read off its module on each call (a patch is seen);
+    a module not imported yet is imported, and a wrong path fails as
+    Django's ``import_string`` says."""
+    import colorsys
+
+    assert resolve_callable("colorsys.rgb_to_hsv") is colorsys.rgb_to_hsv
+    monkeypatch.setattr(colorsys, "rgb_to_hsv", len)
+    assert resolve_callable("colorsys.rgb_to_hsv") is len
+    monkeypatch.delitem(sys.modules, "colorsys")
+    assert resolve_callable("colorsys.hsv_to_rgb").__module__ == "colorsys"
+    assert "colorsys" in sys.modules
+    with pytest.raises(ImportError, match='does not define a "no_such_hook"'):
+        resolve_callable("colorsys.no_such_hook")
+    with pytest.raises(ImportError, match="doesn't look like a module path"):
+        resolve_callable("no_dots")

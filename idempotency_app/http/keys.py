@@ -135,14 +135,26 @@ def operation(request: Any) -> str:
     django_request = http_request(request)
     match = getattr(django_request, "resolver_match", None)
     route = (match.route or "") if match is not None else django_request.path_info
-    return bounded(f"{django_request.method} {route}")
+    return _operation(django_request.method, route)
+
+
+@functools.lru_cache(maxsize=1024)
+def _operation(method: str | None, route: str) -> str:
+    """Once per method and route: they are as few as a project's routes."""
+    return bounded(f"{method} {route}")
 
 
 def content_type(request: Any) -> str:
     """The body's media type and charset, lowercased: the same bytes sent as
     another type, or decoded with another charset, are another request.
     Other parameters (a multipart boundary) do not count."""
-    raw = http_request(request).META.get("CONTENT_TYPE", "")
+    return _content_type(http_request(request).META.get("CONTENT_TYPE", ""))
+
+
+@functools.lru_cache(maxsize=64)
+def _content_type(raw: str) -> str:
+    """Once per header value: clients send a few (a multipart body's
+    boundary changes on each, and costs only the parsing it would anyway)."""
     media_type, params = parse_header_parameters(raw)
     charset = params.get("charset", "").strip().lower()
     return f"{media_type.lower()}; charset={charset}" if charset else media_type.lower()
@@ -258,9 +270,7 @@ def canonical_body(request: Any, body: bytes) -> bytes:
     deeper than 255) is written in the standard library's escaped form, which
     no other data shares. What the view would refuse (invalid, a BOM, NaN or
     Infinity, nesting too deep) is fingerprinted as its bytes."""
-    content_type = (request.content_type or "").split(";")[0].strip().lower()
-    is_json = content_type == "application/json" or content_type.endswith("+json")
-    if not is_json or not body or len(body) > CANONICAL_JSON_MAX_BYTES:
+    if not body or len(body) > CANONICAL_JSON_MAX_BYTES or not _is_json(request.content_type):
         return body
     charset = http_request(request).encoding or settings.DEFAULT_CHARSET
     try:
@@ -276,6 +286,13 @@ def canonical_body(request: Any, body: bytes) -> bytes:
         return _write(json.loads(text, parse_float=_Number, parse_int=_Number)).encode()
     except RecursionError:
         return body
+
+
+@functools.lru_cache(maxsize=64)
+def _is_json(content_type: str | None) -> bool:
+    """Whether a Content-Type names JSON, once per header value."""
+    media_type = (content_type or "").split(";")[0].strip().lower()
+    return media_type == "application/json" or media_type.endswith("+json")
 
 
 # json.dumps and json.loads build an encoder or decoder per call when given

@@ -85,7 +85,7 @@ def replay(stored: StoredResponse, request: Request, view: APIView) -> HttpRespo
     """The stored bytes as they were sent: nothing is rendered again, so a
     request that does not accept the stored media type gets 406 (and the
     work does not run again)."""
-    stored_type = next((v for n, v in stored.headers if n.lower() == "content-type"), "")
+    stored_type = next((v for n, v in stored.headers if n.lower() == "content-type"), None)
     if (
         stored_type
         and not _same_question(stored, request)
@@ -97,16 +97,13 @@ def replay(stored: StoredResponse, request: Request, view: APIView) -> HttpRespo
             "request does not accept. It was not run again: retry with an Accept header "
             f"(or format) that allows {media_type}."
         )
-    response = HttpResponse(stored.body or b"", status=stored.status)
-    del response["Content-Type"]
-    for name, value in stored.headers:
-        if name not in _NEVER_REPLAYED:
-            response[name] = value
+    headers = {name: value for name, value in stored.headers if name not in _NEVER_REPLAYED}
     if stored.body is None:
-        response[BODY_OMITTED_HEADER] = "true"
-        if "Content-Type" in response:
-            del response["Content-Type"]
-    response[REPLAYED_HEADER] = "true"
+        headers[BODY_OMITTED_HEADER] = "true"
+    headers[REPLAYED_HEADER] = "true"
+    response = HttpResponse(stored.body or b"", status=stored.status, headers=headers)
+    if stored_type is None or stored.body is None:
+        del response["Content-Type"]  # Django's default, or a type for no body
     return response
 
 

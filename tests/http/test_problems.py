@@ -38,7 +38,7 @@ def in_progress(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def held_elsewhere(identity: Any, *args: Any) -> Any:
         raise KeyInProgress(identity.key)
 
-    monkeypatch.setattr(units, "claim", held_elsewhere)
+    monkeypatch.setattr(units, "arbitrate", held_elsewhere)
     yield
 
 

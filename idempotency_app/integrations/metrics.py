@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.dispatch import Signal
 from prometheus_client import Counter, Histogram
 
 from idempotency_app import signals
@@ -44,7 +43,7 @@ CLAIM_SECONDS = Histogram(
     ["decision"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
-COUNTED: dict[str, Signal] = {
+COUNTED: dict[str, signals.LibrarySignal] = {
     "executed": signals.executed,
     "replayed": signals.replayed,
     "conflict": signals.conflict,
@@ -86,8 +85,7 @@ def observe_claim(sender: Any, seconds: float, decision: Any = None, **kwargs: A
 _LABELS: dict[type, str] = {}
 
 
-# Kept referenced here: signals hold their receivers weakly.
-_receivers = {outcome: _counter(outcome) for outcome in COUNTED}
+# Observers, not receivers: called directly on every send (see LibrarySignal).
 for _outcome, _signal in COUNTED.items():
-    _signal.connect(_receivers[_outcome], dispatch_uid=f"idempotency_app.metrics.{_outcome}")
-signals.claim_timed.connect(observe_claim, dispatch_uid="idempotency_app.metrics.claim")
+    _signal.observers.append(_counter(_outcome))
+signals.claim_timed.observers.append(observe_claim)

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 from django.db import DatabaseError
-from django.dispatch import Signal
 from django.test.utils import override_settings
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
 from idempotency_app import clock, service, signals, store
+from idempotency_app.lifecycle.claims import Claim
 from tests.conftest import post
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -119,7 +119,7 @@ def test_claim_latency_is_observed_in_seconds(api: APIClient, key: str) -> None:
 
 
 def test_timed_measures_only_while_someone_listens() -> None:
-    signal = Signal()
+    signal = signals.LibrarySignal()
     calls: list[dict[str, Any]] = []
 
     @signals.timed(signal)
@@ -142,6 +142,28 @@ def test_timed_measures_only_while_someone_listens() -> None:
         ("c", raised.value),
     ], "a claim that raised sends what it raised"
     assert all(0 <= c["seconds"] < 1 for c in calls)
+
+
+def test_an_observer_hears_every_send_and_receivers_still_do() -> None:
+    """The metrics observe a signal directly; a receiver connected the
+    Django way, for any sender or for one, still gets what it did."""
+    signal = signals.LibrarySignal()
+    observed: list[Any] = []
+    received: list[Any] = []
+    only_claims: list[Any] = []
+
+    @signals.timed(signal)
+    def decide(identity: str) -> str:
+        return identity
+
+    signal.observers.append(lambda sender, **kwargs: observed.append(kwargs["decision"]))
+    decide("a")
+    signal.connect(lambda sender, **kwargs: received.append(sender), weak=False)
+    signal.connect(lambda sender, **kwargs: only_claims.append(sender), sender=Claim, weak=False)
+    signal.send(Claim, identity="b", seconds=0.0, decision="b")
+    signal.send(None, identity="c", seconds=0.0, decision="c")
+    assert observed == ["a", "b", "c"]
+    assert received == [Claim, None] and only_claims == [Claim]
 
 
 def scrape(client: APIClient) -> dict[tuple[str, str], float]:

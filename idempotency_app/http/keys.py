@@ -370,7 +370,7 @@ def framed_digest(parts: list[bytes]) -> str:
     """SHA-256 over the parts, each preceded by its length (8 bytes), so
     that no two lists of parts hash the same bytes."""
     return hashlib.sha256(
-        b"".join([piece for part in parts for piece in (len(part).to_bytes(8, "big"), part)])
+        b"".join([len(part).to_bytes(8, "big") + part for part in parts])
     ).hexdigest()
 
 

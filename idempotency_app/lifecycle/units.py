@@ -49,6 +49,7 @@ from idempotency_app.lifecycle.claims import (
     Policy,
     Replay,
     arbitrate,
+    claim,
     remembered,
 )
 from idempotency_app.lifecycle.drivers import is_lock_conflict, is_outage
@@ -121,19 +122,20 @@ def run(
 def claimed(identity: Identity, policy: Policy) -> Iterator[Claim | Replay]:
     """The claim's decision, for the body to run the work under. Inside a
     transaction the claim, the work and the completion share one savepoint,
-    so letting go is its rollback. A replay ``REPLAY_CACHE`` holds touches
-    no connection."""
+    so letting go is its rollback (a replayed ``once()`` block runs in it
+    too). Outside a transaction, a replay ``REPLAY_CACHE`` holds is decided
+    before anything else."""
+    connection = connections[policy.using]
     cached = replays.get(identity, policy.using)
-    if cached is not None:
+    if cached is not None and runs_alone(connection):
         yield remembered(identity, cached)
         return
-    connection = connections[policy.using]
     with judging_per_unit():
         if runs_alone(connection):
             yield arbitrate(identity, policy, connection)
         else:
             with UnitAtomic(policy.using):
-                yield arbitrate(identity, policy, connection)
+                yield claim(identity, policy, connection)
 
 
 def execute(held: Claim, work: Callable[[], T], settle: Settle[T]) -> Executed[T]:

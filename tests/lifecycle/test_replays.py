@@ -20,11 +20,11 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from idempotency_app import signals
+from idempotency_app import service, signals
 from idempotency_app.lifecycle import replays
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import Identity, StoredResponse
-from tests.conftest import needs_server_db, operator, post, replay_cache as cached
+from tests.conftest import needs_server_db, new_key, operator, post, replay_cache as cached
 from tests.testapp.models import Charge
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -72,26 +72,76 @@ def test_a_replay_read_from_the_database_is_held_too(api: APIClient, key: str) -
     assert again["Idempotent-Replayed"] == "true" and count == 0
 
 
-def test_inside_a_transaction_a_held_replay_touches_no_connection(api: APIClient, key: str) -> None:
-    """A replay from memory is decided before any savepoint is opened: not
-    one statement, even inside the caller's transaction, and the claim is
-    still timed as one that replayed."""
-    decisions: list[Any] = []
+class Boom(Exception):
+    pass
 
-    def on_claim(decision: Any = None, **kwargs: Any) -> None:
-        decisions.append(decision)
 
-    signals.claim_timed.connect(on_claim, weak=False)
-    try:
-        with cached():
-            post(api, "/charges/", BODY, key)
+def once_replayed_inside_a_transaction(key: str) -> None:
+    """A duplicate's ``once()`` block, inside the caller's transaction,
+    writes and then fails; the caller catches it and carries on."""
+    with transaction.atomic():
+        try:
+            with service.once("replays", key, "replays.op") as run:
+                assert run.replayed
+                Charge.objects.create(label="written-by-a-replayed-block")
+                raise Boom
+        except Boom:
+            pass
+
+
+def complete_once(key: str) -> None:
+    with service.once("replays", key, "replays.op") as run:
+        if run.should_execute:
+            run.result = {"ok": 1}
+
+
+@pytest.mark.parametrize("held_in_memory", [False, True])
+def test_a_replayed_block_inside_a_transaction_rolls_back_with_its_savepoint(
+    key: str, held_in_memory: bool
+) -> None:
+    """A replay from memory, like one read from the database, runs the
+    block in the claim's savepoint inside the caller's transaction: its
+    writes roll back when it fails."""
+    with cached(5 if held_in_memory else 0):
+        complete_once(key)
+        assert bool(replays._entries) is held_in_memory
+        once_replayed_inside_a_transaction(key)
+    assert Charge.objects.filter(label="written-by-a-replayed-block").count() == 0
+
+
+def test_a_held_replay_is_counted_and_timed_once_wherever_it_is_asked(
+    api: APIClient, key: str
+) -> None:
+    """Through a view inside a transaction, ``once()`` and ``service.claim``:
+    one ``replayed`` and one ``claim_timed`` each, decided as a replay."""
+    timed: list[str] = []
+    replayed: list[Any] = []
+
+    def on_timed(decision: Any = None, **kwargs: Any) -> None:
+        timed.append(type(decision).__name__)
+
+    def on_replayed(sender: Any, **kwargs: Any) -> None:
+        replayed.append(sender)
+
+    block_key, claim_key = new_key(), new_key()
+    with cached():
+        post(api, "/charges/", BODY, key)
+        complete_once(block_key)
+        service.complete(service.claim("replays", claim_key, "replays.claim"), {"x": 1})
+        signals.claim_timed.connect(on_timed, weak=False)
+        signals.replayed.connect(on_replayed, weak=False)
+        try:
             with transaction.atomic():
                 count, again = statements(lambda: post(api, "/charges/", BODY, key))
-    finally:
-        signals.claim_timed.disconnect(on_claim)
+            complete_once(block_key)
+            assert isinstance(service.claim("replays", claim_key, "replays.claim"), service.Done)
+        finally:
+            signals.claim_timed.disconnect(on_timed)
+            signals.replayed.disconnect(on_replayed)
     assert again["Idempotent-Replayed"] == "true"
-    assert count == 0
-    assert [type(decision).__name__ for decision in decisions] == ["AtomicClaim", "Replay"]
+    assert count == 2, "the claim's SAVEPOINT and RELEASE inside the caller's transaction"
+    assert timed == ["Replay", "Replay", "Replay"]
+    assert len(replayed) == 3
 
 
 def test_another_request_under_the_same_key_is_judged_by_the_database(

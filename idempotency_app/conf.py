@@ -244,13 +244,19 @@ class Settings:
 def resolve_callable(value: str | Callable[..., Any]) -> Callable[..., Any]:
     """Settings and per-view options take a dotted path or the callable
     itself. A path is looked up on every call, so a hook patched in a test
-    is the one that runs: read off its module when that is imported (an
-    attribute read), else imported as Django's ``import_string`` does."""
+    is the one that runs: read off its module once that is imported (an
+    attribute read), else by Django's ``import_string``, which waits for a
+    module another thread is still importing."""
     if not isinstance(value, str):
         return value
     module_name, name = _split_path(value)
-    found: Callable[..., Any] | None = getattr(sys.modules.get(module_name), name, None)
-    return found if callable(found) else import_string(value)
+    module = sys.modules.get(module_name)
+    spec = getattr(module, "__spec__", None)
+    found = None
+    if spec is not None and getattr(spec, "_initializing", False) is False:
+        found = getattr(module, name, None)
+    resolved: Callable[..., Any] = found if callable(found) else import_string(value)
+    return resolved
 
 
 # What settings turn into, computed once per value rather than per request.

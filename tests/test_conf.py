@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import sys
+import textwrap
+import threading
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,3 +76,58 @@ def test_a_dotted_path_is_read_off_its_module_or_imported_as_django_does(
         resolve_callable("colorsys.no_such_hook")
     with pytest.raises(ImportError, match="doesn't look like a module path"):
         resolve_callable("no_dots")
+
+
+MODULE = "tests_conf_slow_hook"
+
+
+def test_a_module_another_thread_is_still_importing_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hook whose module another thread is still importing is not read
+    off the half-run module (which may rebind it later: a decorator applied
+    at the end, a registry filled in); the import is waited for, as
+    Django's ``import_string`` waits."""
+    (tmp_path / f"{MODULE}.py").write_text(
+        textwrap.dedent(
+            """
+            import threading
+            started = threading.Event()
+            proceed = threading.Event()
+
+            def hook(request):
+                return "unfinished"
+
+            import sys
+            sys.modules[__name__].__dict__["started_flag"] = True
+            _events = sys.modules["tests.test_conf"].EVENTS
+            _events["started"].set()
+            _events["proceed"].wait(5)
+
+            def hook(request):  # noqa: F811 (rebound once the module is ready)
+                return "finished"
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    EVENTS["started"].clear()
+    EVENTS["proceed"].clear()
+    importer = threading.Thread(target=__import__, args=(MODULE,))
+    importer.start()
+    try:
+        assert EVENTS["started"].wait(5)
+        # Release the importer a moment after resolution starts: the old code
+        # (import_string) blocks on the module's import lock until then.
+        threading.Timer(0.3, EVENTS["proceed"].set).start()
+        found = resolve_callable(f"{MODULE}.hook")
+        assert found(None) == "finished"
+    finally:
+        EVENTS["proceed"].set()
+        importer.join(5)
+        sys.modules.pop(MODULE, None)
+
+
+EVENTS: dict[str, threading.Event] = {
+    "started": threading.Event(),
+    "proceed": threading.Event(),
+}

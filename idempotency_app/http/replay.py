@@ -97,10 +97,12 @@ def replay(stored: StoredResponse, request: Request, view: APIView) -> HttpRespo
             "request does not accept. It was not run again: retry with an Accept header "
             f"(or format) that allows {media_type}."
         )
-    headers = {name: value for name, value in stored.headers if name not in _NEVER_REPLAYED}
+    # Set one by one, as stored (a name repeated in another case: the last
+    # one stands), then the replay's own.
+    headers = [(name, value) for name, value in stored.headers if name not in _NEVER_REPLAYED]
     if stored.body is None:
-        headers[BODY_OMITTED_HEADER] = "true"
-    headers[REPLAYED_HEADER] = "true"
+        headers.append((BODY_OMITTED_HEADER, "true"))
+    headers.append((REPLAYED_HEADER, "true"))
     response = HttpResponse(stored.body or b"", status=stored.status, headers=headers)
     if stored_type is None or stored.body is None:
         del response["Content-Type"]  # Django's default, or a type for no body

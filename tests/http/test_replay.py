@@ -8,20 +8,29 @@ from __future__ import annotations
 import hashlib
 import json
 
+import hypothesis
 import pytest
 from django.conf import settings
 from django.http import HttpResponse
+from django.test import RequestFactory
 from django.test.utils import override_settings
 from django.urls import include, path
 from django.utils import translation
+from hypothesis import strategies as st
 from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.test import APIClient
+from rest_framework.views import APIView
 
 from idempotency_app.decorators import idempotent
 from idempotency_app.guard import guard
+from idempotency_app.http.replay import (
+    BODY_OMITTED_HEADER,
+    REPLAYED_HEADER,
+    replay,
+)
 from idempotency_app.models import IdempotencyRecord
 from idempotency_app.store import Identity, StoredResponse
 from tests.conftest import claims, post
@@ -244,3 +253,55 @@ def test_the_guard_gives_the_same_question_the_same_answer(
     other = post(api, "/greeting/", {"plain": 400}, key, HTTP_ACCEPT=f"application/xml, {JSON}")
     assert other.status_code == 406
     assert executions == [400]
+
+
+def set_one_by_one(stored: StoredResponse) -> HttpResponse:
+    """What a replay must be: no default Content-Type, each stored header set
+    in turn as Django sets headers (a name repeated in another case: the
+    last stands), then the replay's own headers."""
+    response = HttpResponse(stored.body or b"", status=stored.status)
+    del response["Content-Type"]
+    for name, value in stored.headers:
+        if name not in {REQUEST_ACCEPT_DIGEST, REQUEST_ACCEPT}:
+            response[name] = value
+    if stored.body is None:
+        response[BODY_OMITTED_HEADER] = "true"
+        if "Content-Type" in response:
+            del response["Content-Type"]
+    response[REPLAYED_HEADER] = "true"
+    return response
+
+
+HEADER_NAMES = [
+    *("Content-Type", "content-type", "Location", "X-A", "x-a", "Content-Language"),
+    *("Idempotent-Replayed", "idempotent-replayed", "Idempotent-Body-Omitted"),
+    *(REQUEST_ACCEPT_DIGEST, REQUEST_ACCEPT.lower(), "Idempotency-Expires"),
+]
+
+
+@hypothesis.settings(max_examples=500, deadline=None)
+@hypothesis.given(
+    status=st.sampled_from([200, 201, 204, 302, 404, 422]),
+    headers=st.lists(
+        st.tuples(st.sampled_from(HEADER_NAMES), st.sampled_from(["", "a/b", "x", "true"])),
+        max_size=5,
+    ),
+    body=st.sampled_from([None, b"", b"{}", b"\xff\x00bytes"]),
+)
+def test_a_replay_sets_the_stored_headers_in_turn(
+    status: int, headers: list[tuple[str, str]], body: bytes | None
+) -> None:
+    """Names repeated in another case, no Content-Type or an empty one, a
+    body not kept, the replay's own header names among the stored ones."""
+    stored = StoredResponse(status, tuple(headers), body)
+    raw = RequestFactory().post("/charges/", b"{}", content_type="application/json")
+    view = APIView()
+    view.format_kwarg = None
+    replayed = replay(stored, Request(raw), view)
+    expected = set_one_by_one(stored)
+    assert (replayed.status_code, replayed.content, list(replayed.items())) == (
+        expected.status_code,
+        expected.content,
+        list(expected.items()),
+    )
+    assert replayed[REPLAYED_HEADER] == "true"

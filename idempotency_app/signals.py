@@ -23,11 +23,14 @@ observers (the Prometheus counters) directly.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from django.dispatch import Signal
+
+logger = logging.getLogger("idempotency_app")
 
 
 class LibrarySignal(Signal):
@@ -35,11 +38,12 @@ class LibrarySignal(Signal):
     metrics) directly, before the receivers: they hear every request, and
     Django's dispatch costs several times the counter each one updates.
     Receivers connected with ``connect()`` get every send as from any
-    ``Signal``. Observers hear ``send()``, the only way the library sends."""
+    ``Signal``; observers hear every way of sending (``send_robust`` and,
+    on Django 5, ``asend`` too) and count as listeners."""
 
     def __init__(self) -> None:
         super().__init__()
-        # Called with every send's sender and arguments; never disconnected.
+        # Called with every send's sender and arguments, in order.
         self.observers: list[Callable[..., None]] = []
 
     def send(self, sender: Any, **named: Any) -> list[tuple[Any, Any]]:
@@ -49,9 +53,30 @@ class LibrarySignal(Signal):
             return []
         return super().send(sender, **named)
 
-    def heard(self) -> bool:
-        """Whether a send reaches anyone (an observer or a receiver)."""
-        return bool(self.observers or self.receivers)
+    def send_robust(self, sender: Any, **named: Any) -> list[tuple[Any, Any]]:
+        self._observe_robustly(sender, named)
+        return super().send_robust(sender, **named)
+
+    if hasattr(Signal, "asend"):  # Django 5.0 and later
+
+        async def asend(self, sender: Any, **named: Any) -> list[tuple[Any, Any]]:
+            for observer in self.observers:  # in-process counters: nothing to await
+                observer(sender=sender, **named)
+            return await super().asend(sender, **named)  # type: ignore[misc, no-any-return, unused-ignore]
+
+        async def asend_robust(self, sender: Any, **named: Any) -> list[tuple[Any, Any]]:
+            self._observe_robustly(sender, named)
+            return await super().asend_robust(sender, **named)  # type: ignore[misc, no-any-return, unused-ignore]
+
+    def has_listeners(self, sender: Any = None) -> bool:
+        return bool(self.observers) or super().has_listeners(sender)
+
+    def _observe_robustly(self, sender: Any, named: dict[str, Any]) -> None:
+        for observer in self.observers:
+            try:
+                observer(sender=sender, **named)
+            except Exception:
+                logger.exception("Observer %r of an idempotency signal failed", observer)
 
 
 replayed = LibrarySignal()
@@ -69,16 +94,18 @@ R = TypeVar("R")
 
 
 def timed(
-    signal: LibrarySignal,
+    signal: Signal,
 ) -> Callable[[Callable[Concatenate[Any, P], R]], Callable[Concatenate[Any, P], R]]:
     """Send ``signal`` with the identity (the first argument), ``seconds``
     and ``decision`` (the result, None when it raised) after each call.
     Heard by nobody, the cost is two attribute reads."""
 
     def decorate(func: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]:
+        observers = getattr(signal, "observers", ())  # a LibrarySignal's, or none
+
         @functools.wraps(func)
         def wrapper(identity: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
-            if not signal.heard():
+            if not signal.receivers and not observers:
                 return func(identity, *args, **kwargs)
             decision: Any = None
             started = time.perf_counter()

@@ -7,7 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.db import DatabaseError
+from django.dispatch import Signal
 from django.test.utils import override_settings
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,6 +17,7 @@ from rest_framework.test import APIClient
 
 from idempotency_app import clock, service, signals, store
 from idempotency_app.lifecycle.claims import Claim
+from idempotency_app.store import Identity
 from tests.conftest import post
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -119,7 +122,7 @@ def test_claim_latency_is_observed_in_seconds(api: APIClient, key: str) -> None:
 
 
 def test_timed_measures_only_while_someone_listens() -> None:
-    signal = signals.LibrarySignal()
+    signal = Signal()  # any Django signal, not only the library's
     calls: list[dict[str, Any]] = []
 
     @signals.timed(signal)
@@ -164,6 +167,47 @@ def test_an_observer_hears_every_send_and_receivers_still_do() -> None:
     signal.send(None, identity="c", seconds=0.0, decision="c")
     assert observed == ["a", "b", "c"]
     assert received == [Claim, None] and only_claims == [Claim]
+
+
+IDENTITY = Identity("metrics", "k", "POST sent-by-the-project/", "f")
+
+
+def sent_by_the_project(name: str) -> float:
+    return outcome(name, IDENTITY.operation)
+
+
+def test_every_way_of_sending_is_counted() -> None:
+    """A project may send the signals itself, robustly too; the counters
+    hear it, and count as listeners."""
+    before = sent_by_the_project("executed")
+    signals.executed.send(None, identity=IDENTITY, status=201)
+    signals.executed.send_robust(None, identity=IDENTITY, status=201)
+    assert sent_by_the_project("executed") - before == 2
+    assert signals.executed.has_listeners()
+
+
+@pytest.mark.skipif(not hasattr(Signal, "asend"), reason="Signal.asend is Django 5.0's")
+def test_asend_is_counted_too() -> None:
+    before = sent_by_the_project("replayed")
+    async_to_sync(signals.replayed.asend)(None, identity=IDENTITY)
+    async_to_sync(signals.replayed.asend_robust)(None, identity=IDENTITY)
+    assert sent_by_the_project("replayed") - before == 2
+
+
+def test_a_failing_observer_does_not_stop_a_robust_send(caplog: pytest.LogCaptureFixture) -> None:
+    received: list[Any] = []
+
+    def fails(**kwargs: Any) -> None:
+        raise RuntimeError("observer down")
+
+    signal = signals.LibrarySignal()
+    signal.observers.append(fails)
+    signal.connect(lambda sender, **kwargs: received.append(sender), weak=False)
+    signal.send_robust(Claim, identity=IDENTITY)
+    assert received == [Claim]
+    assert "observer down" in caplog.text
+    with pytest.raises(RuntimeError):
+        signal.send(Claim, identity=IDENTITY)
 
 
 def scrape(client: APIClient) -> dict[tuple[str, str], float]:

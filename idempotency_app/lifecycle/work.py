@@ -304,31 +304,39 @@ def confined(identity: Identity, using: str) -> Iterator[_WorkState]:
     (``unsent_releases``)."""
     state = _WorkState(identity, using)
     reset = _work.set(state)
+    # Each database's guard, pushed as Django's execute_wrapper() pushes it
+    # (without a context manager for each: this runs on every request).
+    guarded: list[Any] = []
+    restore_savepoints: Callable[[], None] | None = None
     try:
-        with contextlib.ExitStack() as stack:
-            for alias in settings.DATABASES:
-                guard = _guard(state, alias)
-                connection = state.connection if alias == using else connections[alias]
-                stack.enter_context(connection.execute_wrapper(guard))
-                if alias == using and state.savepoints is not None:
-                    stack.enter_context(_savepoints_without_cursors(state, guard))
-            try:
-                yield state
-            except BaseException as exc:
-                with contextlib.suppress(TransactionEnded):
-                    state.observe()
-                if state.ended is not None:
-                    if exc is state.ended:
-                        raise
-                    raise state.ended from exc
-                refusals = state.refusals
-                if isinstance(exc, RuntimeError) and refusals and exc not in refusals:
-                    raise refusals[0] from exc  # Django's own durable RuntimeError
-                raise
-            state.observe()
-            if state.refusals:
-                raise state.refusals[0]  # the work caught it and carried on: still no success
+        for alias in settings.DATABASES:
+            guard = _guard(state, alias)
+            connection = state.connection if alias == using else connections[alias]
+            connection.execute_wrappers.append(guard)
+            guarded.append(connection)
+            if alias == using and state.savepoints is not None:
+                restore_savepoints = _savepoints_without_cursors(state, guard)
+        try:
+            yield state
+        except BaseException as exc:
+            with contextlib.suppress(TransactionEnded):
+                state.observe()
+            if state.ended is not None:
+                if exc is state.ended:
+                    raise
+                raise state.ended from exc
+            refusals = state.refusals
+            if isinstance(exc, RuntimeError) and refusals and exc not in refusals:
+                raise refusals[0] from exc  # Django's own durable RuntimeError
+            raise
+        state.observe()
+        if state.refusals:
+            raise state.refusals[0]  # the work caught it and carried on: still no success
     finally:
+        if restore_savepoints is not None:
+            restore_savepoints()
+        for connection in reversed(guarded):
+            connection.execute_wrappers.pop()
         _work.reset(reset)
 
 
@@ -418,10 +426,10 @@ def _guard(state: _WorkState, alias: str) -> Callable[..., Any]:
     return guard
 
 
-@contextlib.contextmanager
-def _savepoints_without_cursors(state: _WorkState, guard: Callable[..., Any]) -> Iterator[None]:
-    """While the work runs, a ``transaction.atomic()`` block in it opens its
-    savepoint and holds its release without a cursor of Django's: making
+def _savepoints_without_cursors(state: _WorkState, guard: Callable[..., Any]) -> Callable[[], None]:
+    """Until the function it returns is called (as the work ends), a
+    ``transaction.atomic()`` block in the work opens its savepoint and
+    holds its release without a cursor of Django's: making
     one and passing the statement through it costs several times what the
     guard then does with it (``_Savepoints``). Only where nobody could see
     the difference: the guard is the connection's one execute wrapper,
@@ -466,14 +474,15 @@ def _savepoints_without_cursors(state: _WorkState, guard: Callable[..., Any]) ->
 
     before = {name: vars(connection).get(name) for name in ("_savepoint", "_savepoint_commit")}
     connection._savepoint, connection._savepoint_commit = create, release
-    try:
-        yield
-    finally:
+
+    def restore() -> None:
         for name, method in before.items():
             if method is None:
                 delattr(connection, name)
             else:
                 setattr(connection, name, method)
+
+    return restore
 
 
 def _may_reorder(guard: Callable[..., Any], connection: Any) -> bool:

@@ -95,14 +95,10 @@ def running(identity: Identity, using: str) -> Claim | None:
     return _running.get().get((using, identity.scope, identity.key))
 
 
-@contextlib.contextmanager
-def _mark_running(held: Claim) -> Iterator[None]:
+def _mark_running(held: Claim) -> contextvars.Token[Mapping[tuple[str, str, str], Claim]]:
+    """Mark this context as running ``held``'s work until the token is reset."""
     key = (held.using, held.identity.scope, held.identity.key)
-    reset = _running.set({**_running.get(), key: held})
-    try:
-        yield
-    finally:
-        _running.reset(reset)
+    return _running.set({**_running.get(), key: held})
 
 
 def run(
@@ -266,11 +262,15 @@ def unit_of_work(held: Claim) -> Iterator[Unit[Any]]:
     since = replays.generation()
     try:
         with held.transaction():
-            with _mark_running(held), work.confined(held.identity, held.using) as confinement:
-                unit.connection = confinement.connection
-                yield unit
-                if unit.pending is None and unit.result is None and unit.failure is None:
-                    raise RuntimeError("The work ended without calling finish().")
+            marked = _mark_running(held)
+            try:
+                with work.confined(held.identity, held.using) as confinement:
+                    unit.connection = confinement.connection
+                    yield unit
+                    if unit.pending is None and unit.result is None and unit.failure is None:
+                        raise RuntimeError("The work ended without calling finish().")
+            finally:
+                _running.reset(marked)
             body_done = True
             unit.complete(confinement.unsent_releases())
     except TransactionEnded as exc:

@@ -201,9 +201,8 @@ def claim(identity: Identity, policy: Policy, connection: Any = None) -> Claim |
 
 @signals.timed(signals.claim_timed)
 def remembered(identity: Identity, response: StoredResponse) -> Replay:
-    """A claim ``REPLAY_CACHE`` decided (``replays.get`` found ``response``),
-    before any connection or transaction is touched: a replay costs no more
-    than the lookup."""
+    """A claim ``REPLAY_CACHE`` decided (``replays.get`` found ``response``):
+    the database is not asked."""
     signals.replayed.send(Claim, identity=identity)
     return Replay(response)
 

@@ -306,14 +306,15 @@ def confined(identity: Identity, using: str) -> Iterator[_WorkState]:
     reset = _work.set(state)
     # Each database's guard, pushed as Django's execute_wrapper() pushes it
     # (without a context manager for each: this runs on every request).
-    guarded: list[Any] = []
+    guarded: list[tuple[str, Any, Callable[..., Any]]] = []
     restore_savepoints: Callable[[], None] | None = None
+    taken_off: list[str] = []  # databases whose guard the work took off itself
     try:
         for alias in settings.DATABASES:
             guard = _guard(state, alias)
             connection = state.connection if alias == using else connections[alias]
             connection.execute_wrappers.append(guard)
-            guarded.append(connection)
+            guarded.append((alias, connection, guard))
             if alias == using and state.savepoints is not None:
                 restore_savepoints = _savepoints_without_cursors(state, guard)
         try:
@@ -333,11 +334,35 @@ def confined(identity: Identity, using: str) -> Iterator[_WorkState]:
         if state.refusals:
             raise state.refusals[0]  # the work caught it and carried on: still no success
     finally:
-        if restore_savepoints is not None:
-            restore_savepoints()
-        for connection in reversed(guarded):
-            connection.execute_wrappers.pop()
-        _work.reset(reset)
+        try:
+            if restore_savepoints is not None:
+                restore_savepoints()
+        finally:
+            for alias, connection, guard in reversed(guarded):
+                if not _unguard(connection.execute_wrappers, guard):
+                    taken_off.append(alias)
+            _work.reset(reset)
+    if taken_off:  # the work succeeded, but nothing judged what it did after
+        raise _refuse(
+            f"The work under the idempotency key {identity.key!r} took the statement guard "
+            f"off the execute wrappers of {', '.join(sorted(taken_off))}, so what it sent "
+            "there afterwards cannot be known to commit with it. Push and pop only the "
+            "wrappers the work adds itself (connection.execute_wrapper())."
+        )
+
+
+def _unguard(wrappers: list[Any], guard: Callable[..., Any]) -> bool:
+    """Take ``guard`` off, and only it, whatever the work did to the list: a
+    wrapper it pushed and never popped stays where it was (as it would
+    without a key). A guard left on would judge every later statement of
+    the thread as the work's. False when the work took it off already."""
+    if wrappers and wrappers[-1] is guard:
+        wrappers.pop()
+    elif guard in wrappers:
+        wrappers.remove(guard)
+    else:
+        return False
+    return True
 
 
 def rolled_back_by_the_server() -> bool:
@@ -478,7 +503,7 @@ def _savepoints_without_cursors(state: _WorkState, guard: Callable[..., Any]) ->
     def restore() -> None:
         for name, method in before.items():
             if method is None:
-                delattr(connection, name)
+                vars(connection).pop(name, None)  # gone already if the work deleted it
             else:
                 setattr(connection, name, method)
 

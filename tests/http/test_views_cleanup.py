@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 from idempotency_app.decorators import idempotent
 from idempotency_app.lifecycle import units, work
 from tests.conftest import post
+from tests.lifecycle.test_work_cleanup import scrub
 from tests.testapp.models import AuditEntry, Charge
 
 adrf = pytest.importorskip("adrf")
@@ -101,11 +102,7 @@ def _urls() -> Any:
     RUNS.clear()
     with override_settings(ROOT_URLCONF=URLCONF):
         yield
-    for alias in ("default", "other"):
-        connections[alias].execute_wrappers.clear()
-        for name in ("_savepoint", "_savepoint_commit"):
-            vars(connections[alias]).pop(name, None)
-    work._work.set(None)
+    scrub()
 
 
 def clean() -> None:

@@ -5,6 +5,7 @@ would judge every later statement of the thread as the work's."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from typing import Any
@@ -65,11 +66,9 @@ class Boom(Exception):
     pass
 
 
-@pytest.fixture(autouse=True)
-def _scrub() -> Any:
+def scrub() -> None:
     """Whatever a broken test leaves on the connections goes, so that the
     database teardown is not judged by a stale guard."""
-    yield
     for alias in ("default", "other"):
         connections[alias].execute_wrappers.clear()
         for name in ("_savepoint", "_savepoint_commit"):
@@ -77,23 +76,20 @@ def _scrub() -> Any:
     work._work.set(None)
 
 
+@pytest.fixture(autouse=True)
+def _scrub() -> Any:
+    yield
+    scrub()
+
+
 # -- the work raising ----------------------------------------------------------
 
 
-def test_work_raises() -> None:
+@pytest.mark.parametrize("in_callers_atomic", [False, True])
+def test_work_raises(in_callers_atomic: bool) -> None:
     key = new_key()
-    with pytest.raises(Boom), service.once(SCOPE, key, "op") as run:
-        assert run.should_execute
-        Charge.objects.create(label="x")
-        raise Boom
-    clean()
-    later_writes_work()
-    runs_normally(key)
-
-
-def test_work_raises_inside_callers_atomic() -> None:
-    key = new_key()
-    with pytest.raises(Boom), transaction.atomic(), service.once(SCOPE, key, "op") as run:
+    outer = transaction.atomic() if in_callers_atomic else contextlib.nullcontext()
+    with pytest.raises(Boom), outer, service.once(SCOPE, key, "op") as run:
         assert run.should_execute
         Charge.objects.create(label="x")
         raise Boom

@@ -49,7 +49,6 @@ from idempotency_app.lifecycle.claims import (
     Policy,
     Replay,
     arbitrate,
-    claim,
     remembered,
 )
 from idempotency_app.lifecycle.drivers import is_lock_conflict, is_outage
@@ -131,7 +130,10 @@ def claimed(identity: Identity, policy: Policy) -> Iterator[Claim | Replay]:
             yield arbitrate(identity, policy, connection)
         else:
             with UnitAtomic(policy.using):
-                yield claim(identity, policy, connection)
+                if cached is not None:
+                    yield remembered(identity, cached)
+                else:
+                    yield arbitrate(identity, policy, connection)
 
 
 def execute(held: Claim, work: Callable[[], T], settle: Settle[T]) -> Executed[T]:

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from idempotency_app import checks
 from idempotency_app.exceptions import KeyInProgress, RequestInProgress
 from idempotency_app.http import problems
-from idempotency_app.lifecycle import claims, units
+from idempotency_app.lifecycle import units
 from tests.conftest import post
 
 pytestmark = pytest.mark.django_db
@@ -38,8 +38,7 @@ def in_progress(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def held_elsewhere(identity: Any, *args: Any) -> Any:
         raise KeyInProgress(identity.key)
 
-    monkeypatch.setattr(units, "arbitrate", held_elsewhere)  # outside a transaction
-    monkeypatch.setattr(claims, "arbitrate", held_elsewhere)  # inside one, through claims.claim
+    monkeypatch.setattr(units, "arbitrate", held_elsewhere)
     yield
 
 

@@ -610,8 +610,6 @@ def store_functions(raw: Any) -> tuple[bool, bool] | None:
     pgconn = getattr(raw, "pgconn", None)
     if pgconn is None:
         return False, False
-    from psycopg import Error
-
     status = pgconn.transaction_status
     if pgconn.pipeline_status or status not in (
         pq.TransactionStatus.IDLE,
@@ -633,7 +631,7 @@ def store_functions(raw: Any) -> tuple[bool, bool] | None:
         if inside:
             undo = f"ROLLBACK TO SAVEPOINT {ASKING}; RELEASE SAVEPOINT {ASKING}"
             _exchange(raw, lambda: pgconn.send_query(undo.encode()))
-    except Error:  # the connection failed: the claim that follows meets it
+    except errors.Error:  # the connection failed: the claim that follows meets it
         pass
     return None
 

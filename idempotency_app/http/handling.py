@@ -112,8 +112,12 @@ def _handle(
     identity = identify(request, options)
     if identity is None:
         return call()
-    if units.running(identity, conf.DATABASE_ALIAS) is not None:
+    using = conf.DATABASE_ALIAS
+    if units.running(identity, using) is not None:
         return call()  # a handler called by a handler of the same request: one execution
+    held = units.held_replay(identity, using)
+    if held is not None:
+        return replay(held.response, request, view)  # nothing else to decide
     policy = Policy.from_settings(options.ttl, options.lease, options.wait)
     accept = keys.http_request(request).META.get("HTTP_ACCEPT", "")
     try:

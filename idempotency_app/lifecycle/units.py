@@ -113,23 +113,33 @@ def run(
         return execute(decision, work, settle)
 
 
+def held_replay(identity: Identity, using: str) -> Replay | None:
+    """The replay ``REPLAY_CACHE`` holds for ``identity``, decided before
+    anything else, or None. Only outside a transaction: inside one, a
+    replayed ``once()`` block must run in the claim's savepoint (``claimed``)."""
+    cached = replays.get(identity, using)
+    if cached is None or not runs_alone(connections[using]):
+        return None
+    return remembered(identity, cached)
+
+
 @contextlib.contextmanager
 def claimed(identity: Identity, policy: Policy) -> Iterator[Claim | Replay]:
     """The claim's decision, for the body to run the work under. Inside a
     transaction the claim, the work and the completion share one savepoint,
     so letting go is its rollback (a replayed ``once()`` block runs in it
-    too). Outside a transaction, a replay ``REPLAY_CACHE`` holds is decided
-    before anything else."""
-    connection = connections[policy.using]
-    cached = replays.get(identity, policy.using)
-    if cached is not None and runs_alone(connection):
-        yield remembered(identity, cached)
+    too)."""
+    held = held_replay(identity, policy.using)
+    if held is not None:
+        yield held
         return
+    connection = connections[policy.using]
     with judging_per_unit():
         if runs_alone(connection):
             yield arbitrate(identity, policy, connection)
         else:
             with UnitAtomic(policy.using):
+                cached = replays.get(identity, policy.using)
                 if cached is not None:
                     yield remembered(identity, cached)
                 else:

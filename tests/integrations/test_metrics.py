@@ -71,6 +71,23 @@ def test_executed_replayed_and_mismatch_by_operation(api: APIClient, key: str) -
     }
 
 
+def test_counts_after_the_metrics_are_cleared_reach_the_registry(api: APIClient, key: str) -> None:
+    """The counters read a child once made straight from the metric's table:
+    one that ``clear()`` or ``remove()`` dropped must be made again, never
+    counted into where no scrape reads it."""
+    from idempotency_app.integrations.metrics import CLAIM_SECONDS, OUTCOMES
+
+    post(api, "/charges/", {"amount": 1}, key)
+    OUTCOMES.clear()
+    CLAIM_SECONDS.clear()
+    post(api, "/charges/", {"amount": 1}, key)
+    assert (outcome("replayed"), claims("replayed")) == (1, 1)
+    OUTCOMES.remove("replayed", OPERATION)
+    CLAIM_SECONDS.remove("replayed")
+    post(api, "/charges/", {"amount": 1}, key)
+    assert (outcome("replayed"), claims("replayed")) == (1, 1)
+
+
 def test_the_retry_storm_guard(api: APIClient, key: str) -> None:
     delta = Delta({"guard": lambda: outcome("guard_hit"), "executed": lambda: outcome("executed")})
     for _ in range(3):

@@ -68,8 +68,10 @@ def _child(metric: Any, *labels: str) -> Any:
     own table once made (a dict read, atomic under the GIL), which is a
     third of what ``labels()`` costs with its checks and lock. A child that
     ``clear()`` or ``remove()`` dropped is gone from that table, so
-    ``labels()`` makes it again: nothing is counted into an orphan."""
-    child = metric._metrics.get(labels)
+    ``labels()`` makes it again: nothing is counted into an orphan. The
+    table is ``prometheus_client``'s own attribute; without it, ``labels()``."""
+    table = getattr(metric, "_metrics", None)
+    child = table.get(labels) if table is not None else None
     return child if child is not None else metric.labels(*labels)
 
 

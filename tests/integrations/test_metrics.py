@@ -11,7 +11,7 @@ from asgiref.sync import async_to_sync
 from django.db import DatabaseError
 from django.dispatch import Signal
 from django.test.utils import override_settings
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
@@ -86,6 +86,20 @@ def test_counts_after_the_metrics_are_cleared_reach_the_registry(api: APIClient,
     CLAIM_SECONDS.remove("replayed")
     post(api, "/charges/", {"amount": 1}, key)
     assert (outcome("replayed"), claims("replayed")) == (1, 1)
+
+
+def test_a_prometheus_client_without_the_table_of_children_still_counts(
+    api: APIClient, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child table is ``prometheus_client``'s private attribute: where a
+    release has none, each count goes through ``labels()``."""
+    from idempotency_app.integrations.metrics import OUTCOMES
+
+    children = {("executed", OPERATION): Counter("executed", "", registry=CollectorRegistry())}
+    monkeypatch.delattr(OUTCOMES, "_metrics")
+    monkeypatch.setattr(OUTCOMES, "labels", lambda *values: children[values])
+    post(api, "/charges/", {"amount": 1}, key)
+    assert children[("executed", OPERATION)]._value.get() == 1
 
 
 def test_the_retry_storm_guard(api: APIClient, key: str) -> None:

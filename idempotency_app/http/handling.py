@@ -115,10 +115,16 @@ def _handle(
     using = conf.DATABASE_ALIAS
     if units.running(identity, using) is not None:
         return call()  # a handler called by a handler of the same request: one execution
+    policy = None
+    if options.ttl is not None or options.lease is not None or options.wait is not None:
+        # Judged against the settings on every request (a view may choose
+        # its options per request), whatever then answers it.
+        policy = Policy.from_settings(options.ttl, options.lease, options.wait)
     held = units.held_replay(identity, using)
     if held is not None:
         return replay(held.response, request, view)  # nothing else to decide
-    policy = Policy.from_settings(options.ttl, options.lease, options.wait)
+    if policy is None:
+        policy = Policy.from_settings()
     accept = keys.http_request(request).META.get("HTTP_ACCEPT", "")
     try:
         result = units.run(

@@ -19,7 +19,7 @@ from rest_framework.test import APIClient
 from idempotency_app.decorators import idempotent
 from idempotency_app.mixins import IdempotentMixin
 from idempotency_app.models import IdempotencyRecord
-from tests.conftest import post, replay_cache
+from tests.conftest import post
 from tests.testapp import patterns
 from tests.testapp.models import AuditEntry, Charge, LedgerEntry, Tag
 
@@ -284,26 +284,6 @@ def test_a_replay_the_client_does_not_accept_is_406_and_never_reruns(
     assert Charge.objects.count() == 1
     again = post(api, "/charges/", {"label": "a"}, key, HTTP_ACCEPT="text/html, */*;q=0.1")
     assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
-
-
-@pytest.mark.parametrize("held_in_memory", [False, True], ids=["from the database", "from memory"])
-def test_a_format_forced_in_the_query_decides_what_a_replay_may_be(
-    api: APIClient, key: str, held_in_memory: bool
-) -> None:
-    """No Accept header, but ``?format=`` forces a renderer, as DRF's own
-    negotiation reads it: the stored JSON is refused to ``?format=api`` (an
-    HTML page) and replayed to ``?format=json``; a query without the
-    parameter takes anything."""
-    with replay_cache(5 if held_in_memory else 0):
-        first = post(api, "/charges/", {"label": "a"}, key)
-        html = post(api, "/charges/?format=api", {"label": "a"}, key)
-        json_ = post(api, "/charges/?format=json", {"label": "a"}, key)
-        other = post(api, "/charges/?page=2", {"label": "a"}, key)
-    assert first.status_code == 201
-    assert html.status_code == 406, html.content[:200]
-    assert b"idempotency_replay_not_acceptable" in html.content
-    assert [json_["Idempotent-Replayed"], other["Idempotent-Replayed"]] == ["true", "true"]
-    assert Charge.objects.count() == 1
 
 
 def test_a_browsable_api_page_is_not_replayed_to_a_json_client(api: APIClient, key: str) -> None:

@@ -131,7 +131,7 @@ def accepts(request: Request, view: APIView, content_type: str) -> bool:
         # Asked with ``in`` first: a QueryDict's get() of a missing name
         # raises and catches an exception inside, most of what this costs.
         override, query = api_settings.URL_FORMAT_OVERRIDE, request.query_params
-        forced = query.get(override) if override and override in query else None
+        forced = query.get(override) if override is not None and override in query else None
     renderer = getattr(request, "accepted_renderer", None)
     if forced and renderer is not None:
         ranges = [renderer.media_type]

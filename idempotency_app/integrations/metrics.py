@@ -64,7 +64,9 @@ DECISIONS: tuple[tuple[type, str], ...] = (
 
 
 def _child(metric: Any, *labels: str) -> Any:
-    """``metric.labels(*labels)``: the child read straight from the metric's
+    """``metric.labels(*labels)`` for labels that are plain strings (what
+    ``labels()`` makes of anything else is its ``str()``, which a subclass of
+    ``str`` may spell otherwise): the child read straight from the metric's
     own table once made (a dict read, atomic under the GIL), which is a
     third of what ``labels()`` costs with its checks and lock. A child that
     ``clear()`` or ``remove()`` dropped is gone from that table, so
@@ -77,7 +79,10 @@ def _child(metric: Any, *labels: str) -> Any:
 
 def _counter(outcome: str) -> Callable[..., None]:
     def count(sender: Any, identity: Any, **kwargs: Any) -> None:
-        _child(OUTCOMES, outcome, identity.operation).inc()
+        operation = identity.operation
+        if type(operation) is not str:  # labelled by str(), as labels() would (an enum's name)
+            operation = str(operation)
+        _child(OUTCOMES, outcome, operation).inc()
 
     return count
 

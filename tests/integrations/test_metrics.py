@@ -3,7 +3,16 @@ the claim histogram, and the example project's /metrics."""
 
 from __future__ import annotations
 
+import enum
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -266,3 +275,166 @@ def test_the_example_project_serves_them_at_metrics(api: APIClient, user: Any, k
     after = scrape(api)
     for name in ("executed", "replayed"):
         assert after[(name, operation)] - before.get((name, operation), 0) == 1
+
+
+class Op(str, enum.Enum):
+    """A common way to name operations: ``str()`` of a member is
+    ``Op.PAYOUT``; its value and hash are its value's."""
+
+    PAYOUT = "metrics-payout"
+
+
+def run_once(operation: str) -> None:
+    with service.once("review6", str(uuid.uuid4()), operation) as run:
+        if run.should_execute:
+            run.result = {"ok": 1}
+
+
+def test_an_enum_operation_is_counted_under_one_label_whatever_was_counted_before() -> None:
+    """``labels()`` labels an enum operation by ``str()`` (``Op.PAYOUT``);
+    the child table is keyed by that string, but the lookup uses the raw
+    member, which equals (and hashes as) its value. Once a plain
+    ``"metrics-payout"`` child exists, the enum's counts go to it instead:
+    the same operation's executions split across two series depending on
+    what ran first."""
+    label = str(Op.PAYOUT)
+    run_once(Op.PAYOUT)
+    assert outcome("executed", label) == 1
+    run_once(Op.PAYOUT.value)  # a plain string with the same text makes its own child
+    assert outcome("executed", Op.PAYOUT.value) == 1
+    run_once(Op.PAYOUT)  # the same enum operation again
+    assert (outcome("executed", label), outcome("executed", Op.PAYOUT.value)) == (2, 1)
+
+
+class Unhashable(str):
+    """A str subclass that defines ``__eq__`` (and so has no ``__hash__``):
+    accepted as an operation (``isinstance(operation, str)``), stored by its
+    value; ``labels()`` takes ``str()`` of it."""
+
+    def __eq__(self, other: object) -> bool:
+        return str.__eq__(self, other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_an_operation_that_is_an_unhashable_str_subclass_is_counted_not_raised() -> None:
+    """Accepted as an operation (a ``str``): counted under its text, never
+    a TypeError out of the ``executed`` observer after the work committed."""
+    name = Unhashable("metrics-unhashable")
+    run_once(name)
+    assert outcome("executed", "metrics-unhashable") == 1
+
+
+def test_threads_counting_while_others_clear_never_raise() -> None:
+    """Counting races clear() and remove() (a dict replaced or shrunk under
+    the lookup): no exception reaches the caller, and counts made once the
+    clearing stopped all reach the registry."""
+    from idempotency_app.integrations.metrics import OUTCOMES, _counter
+
+    count = _counter("executed")
+
+    class Ident:
+        operation = "metrics-threads"
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def clearer() -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            while not stop.is_set():
+                OUTCOMES.clear()
+                OUTCOMES.remove("executed", "metrics-threads")
+
+    def counter() -> None:
+        try:
+            for _ in range(5000):
+                count(None, Ident())
+        except BaseException as exc:
+            errors.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    threads = [threading.Thread(target=clearer)] + [
+        threading.Thread(target=counter) for _ in range(4)
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads[1:]:
+            thread.join()
+    finally:
+        stop.set()
+        threads[0].join()
+        sys.setswitchinterval(interval)
+    assert errors == []
+    OUTCOMES.clear()
+    for _ in range(100):
+        count(None, Ident())
+    assert outcome("executed", "metrics-threads") == 100
+
+
+def test_label_values_of_other_types_are_counted_by_their_text() -> None:
+    from idempotency_app.integrations.metrics import _counter
+
+    class Ident:
+        operation: Any = 7
+
+    _counter("executed")(None, Ident())
+    _counter("executed")(None, Ident())
+    assert outcome("executed", "7") == 2
+
+
+MULTIPROCESS_SCRIPT = textwrap.dedent(
+    """
+    import warnings
+    import django
+    django.setup()
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+    from idempotency_app.integrations.metrics import CLAIM_SECONDS, OUTCOMES, _counter, observe_claim
+    from idempotency_app.lifecycle.claims import Replay
+
+    class Ident:
+        operation = "POST metrics/"
+
+    count = _counter("replayed")
+    warnings.simplefilter("ignore")
+    for _ in range(3):
+        count(None, Ident())
+        observe_claim(None, 0.001, Replay(None))
+    OUTCOMES.clear()
+    CLAIM_SECONDS.clear()
+    for _ in range(2):
+        count(None, Ident())
+        observe_claim(None, 0.001, Replay(None))
+    OUTCOMES.remove("replayed", "POST metrics/")
+    count(None, Ident())
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    print(registry.get_sample_value(
+        "idempotency_outcomes_total", {"outcome": "replayed", "operation": "POST metrics/"}
+    ))
+    print(registry.get_sample_value("idempotency_claim_seconds_count", {"decision": "replayed"}))
+    """
+)
+
+
+def test_multiprocess_counts_across_clear_and_remove(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", MULTIPROCESS_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=os.getcwd(),
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    # In multiprocess mode a child made again after clear() reads the same
+    # file: every count is kept.
+    assert out.stdout.split() == ["6.0", "5.0"]

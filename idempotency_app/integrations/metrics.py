@@ -67,8 +67,8 @@ def _child(metric: Any, *labels: str) -> Any:
     """``metric.labels(*labels)`` for labels that are plain strings (what
     ``labels()`` makes of anything else is its ``str()``, which a subclass of
     ``str`` may spell otherwise): the child read straight from the metric's
-    own table once made (a dict read, atomic under the GIL), which is a
-    third of what ``labels()`` costs with its checks and lock. A child that
+    own table once made (a dict read, atomic under the GIL), where
+    ``labels()`` checks, converts and locks on every call. A child that
     ``clear()`` or ``remove()`` dropped is gone from that table, so
     ``labels()`` makes it again: nothing is counted into an orphan. The
     table is ``prometheus_client``'s own attribute; without it, ``labels()``."""

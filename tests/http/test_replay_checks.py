@@ -155,7 +155,7 @@ def test_repeated_and_empty_format_params_as_drf_reads_them(
 
 @WHERE
 def test_a_format_suffix_route(api: APIClient, key: str, held_in_memory: bool) -> None:
-    with replay_cache(5 if held_in_memory else 0), override_settings(ROOT_URLCONF=__name__):
+    with replay_cache(5 if held_in_memory else 0):
         assert post(api, "/suffixed.json", BODY, key).status_code == 201
         assert answer(api, key, "/suffixed.json") == "replayed"
         assert answer(api, key, "/suffixed.json?format=api") == "replayed"
@@ -165,7 +165,7 @@ def test_a_format_suffix_route(api: APIClient, key: str, held_in_memory: bool) -
 @WHERE
 def test_a_suffix_forces_over_the_query(api: APIClient, key: str, held_in_memory: bool) -> None:
     """DRF: ``format_suffix or query_params.get(...)``: the suffix wins."""
-    with replay_cache(5 if held_in_memory else 0), override_settings(ROOT_URLCONF=__name__):
+    with replay_cache(5 if held_in_memory else 0):
         first = post(api, "/suffixed.api", BODY, key)
         assert first.status_code == 201 and first["Content-Type"].startswith("text/html")
         assert answer(api, key, "/suffixed.api?format=json") == "replayed"
@@ -190,8 +190,8 @@ def test_without_url_format_override_an_empty_named_param_changes_nothing(
 ) -> None:
     """A stored browsable-API page (HTML), retried with ``Accept: */*``:
     replayed (anything is accepted). With URL_FORMAT_OVERRIDE None, ``?=x``
-    means nothing to DRF, so the answer must be the same; cd600ec read it
-    as a forced format (``query_params.get("")``) and refused."""
+    means nothing to DRF, so the answer must be the same (it was once read
+    as a forced format, ``query_params.get("")``, and refused)."""
     with replay_cache(5 if held_in_memory else 0), format_override(None):
         first = post(api, "/charges/", BODY, key, HTTP_ACCEPT="text/html")
         assert first.status_code == 201 and first["Content-Type"].startswith("text/html")

@@ -285,13 +285,14 @@ class Backend:
         _, row = self.execute(self.select, self.params(identity, soon=MAX_REPLAY_CACHE))
         return None if row is None else self.found(row)
 
-    def found(self, row: Sequence[Any]) -> Existing:
-        """The record a statement read, whose body, if large, the kept
+    def found(self, row: Sequence[Any], connection: Any = None) -> Existing:
+        """The record a statement read on ``connection`` (this thread's to
+        ``using`` when None), whose body, if large, that connection's kept
         cursor does not go on holding (``let_go_of_large_results``)."""
         record = existing(row)
         body = None if record.response is None else record.response.body
         if body is not None and len(body) >= HELD_RESULT_BYTES:
-            let_go_of_large_results(connections[self.using])
+            let_go_of_large_results(connection or connections[self.using])
         return record
 
     def take_over(

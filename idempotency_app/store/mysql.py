@@ -61,7 +61,7 @@ class Backend(base.Backend):
             connection = connections[self.using]
         if base.runs_alone(connection) and self.returns_rows():
             _, row = self.execute(self.claim_alone_sql, params, connection)
-            return CLAIMED if row[0] == token else self.found(row)
+            return CLAIMED if row[0] == token else self.found(row, connection)
         try:
             self.execute(self.claim_sql, params, connection)
         except IntegrityError as exc:

@@ -12,7 +12,16 @@ from django.db import DatabaseError, connection, connections
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from idempotency_app.store.base import statement_cursor
+from idempotency_app.store import backend
+from idempotency_app.store.base import (
+    _KEPT_CURSOR,
+    CLAIMED,
+    HELD_RESULT_BYTES,
+    Existing,
+    Identity,
+    StoredResponse,
+    statement_cursor,
+)
 from tests.conftest import new_key, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -92,3 +101,28 @@ def test_a_cursor_method_a_tool_replaced_is_called(
     assert post(api, "/charges/", BODY, key).status_code == 201
     # the view's own two writes, the claim and completion, the replay's claim
     assert len(made) >= 5
+
+
+@pytest.mark.server_db
+def test_a_large_replay_read_on_another_connection_lets_go_of_that_ones_cursor(key: str) -> None:
+    """``found()`` lets go of the kept cursor of the connection the record
+    was read on (the claim's ``connection``), not of this thread's: that
+    one still holds nothing large, and keeps its cursor."""
+    records = backend("default")
+    identity = Identity("tenant", key, "op", "fp")
+    assert records.claim(identity, "t", 60, 30) is CLAIMED
+    large = StoredResponse(201, (), b"x" * HELD_RESULT_BYTES)
+    assert records.complete(identity, "t", large, 60)
+    main = connections["default"]
+    statement_cursor(main)  # this thread's connection keeps a cursor
+    kept = vars(main)[_KEPT_CURSOR]
+    side = connections.create_connection("default")
+    try:
+        # An execute wrapper sends the claim through the side's kept cursor.
+        with side.execute_wrapper(lambda execute, *args: execute(*args)):
+            found = records.claim(identity, "u", 60, 30, connection=side)
+        assert isinstance(found, Existing) and found.response == large
+        assert _KEPT_CURSOR not in vars(side), "the cursor that read the large body let go"
+        assert vars(main).get(_KEPT_CURSOR) is kept
+    finally:
+        side.close()

@@ -19,6 +19,7 @@ from django.utils.connection import ConnectionDoesNotExist
 from idempotency_app import service
 from idempotency_app.exceptions import CannotBeAtomic
 from idempotency_app.lifecycle import units, work
+from tests.concurrency import in_threads
 from tests.testapp.models import AuditEntry, Charge
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
@@ -227,24 +228,19 @@ def test_an_alias_in_databases_that_connections_does_not_know() -> None:
     runs_normally(key)
 
 
-def test_confined_raising_on_entry_resets_the_running_mark() -> None:
-    key = new_key()
-    with (
-        mock.patch.object(work._WorkState, "__init__", side_effect=Boom),
-        pytest.raises(Boom),
-        service.once(SCOPE, key, "op"),
-    ):
-        pytest.fail("the work must not run")
-    clean()
-    runs_normally(key)
-
-
-def test_savepoint_hooks_failing_to_install_leave_nothing() -> None:
-    if connection.vendor != "postgresql":
+@pytest.mark.parametrize(
+    ("target", "name"),
+    [(work._WorkState, "__init__"), (work, "_savepoints_without_cursors")],
+    ids=["confined raising on entry", "savepoint hooks failing to install"],
+)
+def test_the_guard_failing_on_entry_leaves_nothing(target: Any, name: str) -> None:
+    """The running mark is reset and nothing stays on the connections; the
+    savepoint hooks are PostgreSQL's."""
+    if name == "_savepoints_without_cursors" and connection.vendor != "postgresql":
         pytest.skip("the hooks are PostgreSQL's")
     key = new_key()
     with (
-        mock.patch.object(work, "_savepoints_without_cursors", side_effect=Boom),
+        mock.patch.object(target, name, side_effect=Boom),
         pytest.raises(Boom),
         service.once(SCOPE, key, "op"),
     ):
@@ -296,32 +292,20 @@ def test_nested_once_inner_succeeds_outer_raises() -> None:
 def test_threads_each_leave_their_connections_clean() -> None:
     if connection.vendor == "sqlite":
         pytest.skip("in-memory SQLite is one connection shared by the threads")
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(4)
 
-    def worker(i: int) -> None:
-        try:
-            barrier.wait()
-            for j in range(5):
-                try:
-                    with service.once(SCOPE, new_key(), "op") as run:
-                        Charge.objects.create(label=f"t{i}-{j}")
-                        if j % 2:
-                            raise Boom
-                        run.result = j
-                except Boom:
-                    pass
-            clean()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
+    def worker() -> None:
+        for j in range(5):
+            try:
+                with service.once(SCOPE, new_key(), "op") as run:
+                    Charge.objects.create(label=f"t{threading.get_ident()}-{j}")
+                    if j % 2:
+                        raise Boom
+                    run.result = j
+            except Boom:
+                pass
+        clean()
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = [result for result in in_threads(4, worker) if isinstance(result, Exception)]
     assert errors == []
     clean()
 

@@ -287,11 +287,12 @@ class Backend:
 
     def found(self, row: Sequence[Any], connection: Any = None) -> Existing:
         """The record a statement read on ``connection`` (this thread's to
-        ``using`` when None), whose body, if large, that connection's kept
-        cursor does not go on holding (``let_go_of_large_results``)."""
+        ``using`` when None). A large result (its stored body and headers,
+        as read) is not left held by that connection's kept cursor
+        (``let_go_of_large_results``)."""
         record = existing(row)
-        body = None if record.response is None else record.response.body
-        if body is not None and len(body) >= HELD_RESULT_BYTES:
+        headers, body = row[7], row[8]
+        if len(headers or "") + len(body or b"") >= HELD_RESULT_BYTES:
             let_go_of_large_results(connection or connections[self.using])
         return record
 

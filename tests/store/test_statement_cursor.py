@@ -104,14 +104,24 @@ def test_a_cursor_method_a_tool_replaced_is_called(
 
 
 @pytest.mark.server_db
-def test_a_large_replay_read_on_another_connection_lets_go_of_that_ones_cursor(key: str) -> None:
+@pytest.mark.parametrize(
+    "large",
+    [
+        StoredResponse(201, (), b"x" * HELD_RESULT_BYTES),
+        StoredResponse(201, (("Location", "/c/?" + "q" * HELD_RESULT_BYTES),), b"{}"),
+    ],
+    ids=["body", "headers"],
+)
+def test_a_large_replay_read_on_another_connection_lets_go_of_that_ones_cursor(
+    key: str, large: StoredResponse
+) -> None:
     """``found()`` lets go of the kept cursor of the connection the record
     was read on (the claim's ``connection``), not of this thread's: that
-    one still holds nothing large, and keeps its cursor."""
+    one still holds nothing large, and keeps its cursor. Large is what was
+    read: the body, or the headers stored with a small one."""
     records = backend("default")
     identity = Identity("tenant", key, "op", "fp")
     assert records.claim(identity, "t", 60, 30) is CLAIMED
-    large = StoredResponse(201, (), b"x" * HELD_RESULT_BYTES)
     assert records.complete(identity, "t", large, 60)
     main = connections["default"]
     statement_cursor(main)  # this thread's connection keeps a cursor

@@ -65,7 +65,11 @@ class StoredResponse:
     body: bytes | None
 
     def headers_json(self) -> str:
-        return json.dumps([list(pair) for pair in self.headers], separators=(",", ":"))
+        return _write_headers([list(pair) for pair in self.headers])
+
+
+# json.dumps() builds an encoder per call when given options: this one is built once.
+_write_headers = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def parse_headers(text: str | None) -> tuple[tuple[str, str], ...]:

@@ -192,3 +192,37 @@ def test_a_sql_ascii_session_completes_behind_releases_as_without(
     assert errors == {False: None, True: None}, errors
     done = IdempotencyRecord.objects.filter(key__startswith=key, status="completed")
     assert sorted(r.key for r in done) == [f"{key}-0", f"{key}-1"]
+
+
+@pytest.mark.parametrize("std", ["on", "off"])
+def test_the_completion_is_written_as_psycopg_writes_it(std: str) -> None:
+    """``_bound`` writes each value the store sends as ``mogrify`` would, in
+    either string syntax; what it does not write (a ``str`` subclass, a float
+    that is not finite, text holding NUL) it leaves to ``mogrify``."""
+    from hypothesis import given, settings, strategies as st
+
+    connection.ensure_connection()
+    raw = connection.connection
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET standard_conforming_strings = {std}")
+    mogrify = postgresql.base.kept_cursor(connection).mogrify
+    sql = "SELECT %(text)s, %(body)s, 1-%(status)s, 1-%(expires)s, %(none)s"
+    texts = st.text().filter(lambda t: "\x00" not in t)
+    floats = st.floats(allow_nan=False, allow_infinity=False)
+
+    @settings(max_examples=300, deadline=None)
+    @given(texts, st.binary(), st.integers(-(2**63), 2**63 - 1), floats)
+    def written_alike(text: str, body: bytes, status: int, expires: float) -> None:
+        params = {"text": text, "body": body, "status": status, "expires": expires, "none": None}
+        assert postgresql._bound(raw, sql, params) == mogrify(sql, params).encode()
+
+    try:
+        written_alike()
+
+        class Member(str):
+            pass
+
+        for odd in (Member("a"), float("inf"), float("nan"), "a\x00b", True, 1.5j):
+            assert postgresql._bound(raw, "SELECT %(v)s", {"v": odd}) is None, odd
+    finally:
+        connection.close()

@@ -295,8 +295,7 @@ class Backend:
         as read) is not left held by that connection's kept cursor
         (``let_go_of_large_results``)."""
         record = existing(row)
-        headers, body = row[7], row[8]
-        if len(headers or "") + len(body or b"") >= HELD_RESULT_BYTES:
+        if is_large(row[7], row[8]):
             let_go_of_large_results(connection or connections[self.using])
         return record
 
@@ -327,9 +326,10 @@ class Backend:
         ``before``: statements of the transaction to send first, in the same
         message; given only where ``carries_statements()``."""
         assert not before, "only a backend that carries statements takes them"
-        rowcount, _ = self.execute(
-            self.complete_sql, self.complete_params(identity, token, response, ttl), connection
-        )
+        params = self.complete_params(identity, token, response, ttl)
+        rowcount, _ = self.execute(self.complete_sql, params, connection)
+        if is_large(params["headers"], params["body"]):  # held in the statement's text
+            let_go_of_large_results(connection or connections[self.using])
         return rowcount == 1
 
     def carries_statements(self, connection: Any = None) -> bool:
@@ -632,6 +632,13 @@ def _own_function(function: Any, module: str) -> bool:
         and not hasattr(function, "__wrapped__")
         and function.__code__.co_filename.endswith(module.replace(".", os.sep) + ".py")
     )
+
+
+def is_large(headers: str | None, body: bytes | None) -> bool:
+    """Whether a response's stored headers and body are large enough that
+    the kept cursor that read or wrote them should not hold them until the
+    connection's next statement."""
+    return len(headers or "") + len(body or b"") >= HELD_RESULT_BYTES
 
 
 def let_go_of_large_results(connection: Any) -> None:

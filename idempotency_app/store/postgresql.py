@@ -422,11 +422,14 @@ def _send_completion(
         cursor.execute(*_joined(cursor.cursor, before, sql, params))
     else:
         cursor.execute(sql, params)
-    if commit:
-        return True
-    for _ in before:
-        cursor.nextset()  # to the completion's own result
-    return bool(cursor.rowcount == 1)
+    matched = True
+    if not commit:
+        for _ in before:
+            cursor.nextset()  # to the completion's own result
+        matched = cursor.rowcount == 1
+    if base.is_large(params["headers"], params["body"]):  # held in the statement's text
+        base.let_go_of_large_results(connection)
+    return matched
 
 
 def _complete_unseen(

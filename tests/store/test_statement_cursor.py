@@ -136,3 +136,31 @@ def test_a_large_replay_read_on_another_connection_lets_go_of_that_ones_cursor(
         assert vars(main).get(_KEPT_CURSOR) is kept
     finally:
         side.close()
+
+
+@pytest.mark.parametrize(
+    ("response", "let_go"),
+    [
+        (StoredResponse(201, (), b"x" * HELD_RESULT_BYTES), True),
+        (StoredResponse(201, (("Location", "/c/?" + "q" * HELD_RESULT_BYTES),), b"{}"), True),
+        (StoredResponse(201, (), b"{}"), False),
+    ],
+    ids=["large-body", "large-headers", "small"],
+)
+def test_a_large_completion_through_the_cursor_lets_go_of_it(
+    key: str, response: StoredResponse, let_go: bool
+) -> None:
+    """A completion sent through the kept cursor (here an execute wrapper
+    sends it there) leaves its text, the body and headers in it, held by
+    the driver's cursor (psycopg's last query, MySQLdb's ``_executed``)
+    until the connection's next statement: a large one lets go of it."""
+    records = backend("default")
+    identity = Identity("tenant", key, "op", "fp")
+    main = connections["default"]
+    with main.execute_wrapper(lambda execute, *args: execute(*args)):
+        assert records.claim(identity, "t", 60, 30) is CLAIMED
+        kept = vars(main)[_KEPT_CURSOR]
+        assert records.complete(identity, "t", response, 60)
+    assert (vars(main).get(_KEPT_CURSOR) is kept) is not let_go
+    found = records.claim(identity, "u", 60, 30)
+    assert isinstance(found, Existing) and found.response == response

@@ -285,9 +285,11 @@ class Backend:
             "token": token,
         }
 
-    def fetch(self, identity: Identity) -> Existing | None:
-        _, row = self.execute(self.select, self.params(identity, soon=MAX_REPLAY_CACHE))
-        return None if row is None else self.found(row)
+    def fetch(self, identity: Identity, connection: Any = None) -> Existing | None:
+        """The record at the key as ``connection`` (the claim's) sees it."""
+        params = self.params(identity, soon=MAX_REPLAY_CACHE)
+        _, row = self.execute(self.select, params, connection)
+        return None if row is None else self.found(row, connection)
 
     def found(self, row: Sequence[Any], connection: Any = None) -> Existing:
         """The record a statement read on ``connection`` (this thread's to

@@ -68,16 +68,18 @@ class Backend(base.Backend):
             cause = exc.__cause__
             if not (cause is not None and cause.args and cause.args[0] == DUPLICATE_KEY):
                 raise
-            return self.fetch(identity)
+            return self.fetch(identity, connection)
         return CLAIMED
 
-    def fetch(self, identity: Identity) -> Existing | None:
-        locking = connections[self.using].in_atomic_block
+    def fetch(self, identity: Identity, connection: Any = None) -> Existing | None:
+        # Inside a transaction its snapshot may predate the row: read the latest.
+        locking = not base.runs_alone(connection or connections[self.using])
         _, row = self.execute(
             self.select_locking if locking else self.select,
             self.params(identity, soon=MAX_REPLAY_CACHE),
+            connection,
         )
-        return None if row is None else self.found(row)
+        return None if row is None else self.found(row, connection)
 
     @functools.cached_property
     def _returns_rows(self) -> bool:

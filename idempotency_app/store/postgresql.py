@@ -173,7 +173,7 @@ class Backend(base.Backend):
             row = cursor.fetchone()
         if row is None:
             # Lost the race to a row this statement's snapshot cannot see yet.
-            return self.fetch(identity)
+            return self.fetch(identity, connection)
         return CLAIMED if row[0] is None else self.found(row, connection)
 
     def _call_unseen(self, connection: Any, alone: bool, params: dict[str, Any]) -> Any:

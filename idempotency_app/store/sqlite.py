@@ -24,7 +24,7 @@ class Backend(base.Backend):
     ) -> Existing | Claimed | None:
         params = self.claim_params(identity, token, ttl, lease)
         rowcount, _ = self.execute(self.claim_sql, params, connection)
-        return CLAIMED if rowcount == 1 else self.fetch(identity)
+        return CLAIMED if rowcount == 1 else self.fetch(identity, connection)
 
     def renews_in_place(self) -> bool:
         """One writer: a second connection would wait for the work anyway."""

@@ -164,3 +164,25 @@ def test_a_large_completion_through_the_cursor_lets_go_of_it(
     assert (vars(main).get(_KEPT_CURSOR) is kept) is not let_go
     found = records.claim(identity, "u", 60, 30)
     assert isinstance(found, Existing) and found.response == response
+
+
+@pytest.mark.server_db
+def test_a_claim_on_a_side_connection_reads_what_collided_there(key: str) -> None:
+    """A claim sent on a connection of its own that meets a record reads it
+    on that connection: in a transaction there, the record may be one only
+    that transaction sees (MariaDB's claim in a transaction reads after its
+    INSERT failed). Read on the thread's own connection, it was missing."""
+    records = backend("default")
+    identity = Identity("tenant", key, "op", "fp")
+    side = connections.create_connection("default")
+    try:
+        side.set_autocommit(False)
+        assert records.claim(identity, "t", 60, 30, connection=side) is CLAIMED
+        found = records.claim(identity, "u", 60, 30, connection=side)
+        assert isinstance(found, Existing) and found.token == "t"
+        side.rollback()
+    finally:
+        side.close()
+    assert (
+        records.claim(identity, "v", 60, 30) is CLAIMED
+    )  # rolled back with the side's transaction

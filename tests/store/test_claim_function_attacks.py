@@ -131,9 +131,9 @@ def _race_to_an_invisible_row(form: str, isolation: str | None, key: str) -> Any
     s = store(form)
     real_fetch = s.fetch
 
-    def spying_fetch(ident: Identity) -> Any:
+    def spying_fetch(ident: Identity, connection: Any = None) -> Any:
         fetched.append(True)
-        return real_fetch(ident)
+        return real_fetch(ident, connection)
 
     s.fetch = spying_fetch  # type: ignore[method-assign]
 

@@ -226,3 +226,65 @@ def test_the_completion_is_written_as_psycopg_writes_it(std: str) -> None:
             assert postgresql._bound(raw, "SELECT %(v)s", {"v": odd}) is None, odd
     finally:
         connection.close()
+
+
+@pytest.fixture
+def through_libpq(monkeypatch: Any) -> list[int]:
+    """Counts the completions sent through libpq's own call (``_bound``)."""
+    calls: list[int] = []
+    real = postgresql._complete_unseen
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(postgresql, "_complete_unseen", counting)
+    return calls
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_odd_responses_stored_exactly_through_libpq(
+    store: postgresql.Backend, session: str, commit: bool, key: str, through_libpq: list[int]
+) -> None:
+    """With no execute wrapper the completion is written by ``_bound`` and
+    sent through libpq: odd scopes, keys, statuses, headers and bodies are
+    stored exactly, in either string syntax, behind releases."""
+    statuses = [201, None, 599]
+    for n, body in enumerate([*bodies(), b"\\x00", b"\\'"]):
+        identity = Identity("t'en\\ant%s %(key)s -- \u00e9", f"{key}-{n}' ; COMMIT; --", "op", "fp")
+        assert store.claim(identity, "t", 60, 30) is CLAIMED
+        response = StoredResponse(statuses[n % 3], HEADERS, body)
+        with transaction.atomic():
+            Charge.objects.create(label=identity.key, amount=1)
+            releases = [
+                f'RELEASE SAVEPOINT "{sid}"' for sid in reversed([savepoint(), savepoint()])
+            ]
+            assert store.complete(identity, "t", response, 60, commit=commit, before=releases)
+        row = IdempotencyRecord.objects.get(key=identity.key)
+        assert (row.status, row.scope, row.response_status) == (
+            "completed",
+            identity.scope,
+            response.status,
+        )
+        assert bytes(row.response_body) == body
+        assert parse_headers(row.response_headers) == HEADERS
+        assert Charge.objects.filter(label=identity.key).count() == 1
+    assert len(through_libpq) == n + 1
+
+
+def test_an_enum_status_goes_to_mogrify_and_is_stored_as_its_value(
+    store: postgresql.Backend, key: str, through_libpq: list[int]
+) -> None:
+    """A view may set ``status_code`` to an ``HTTPStatus`` after making the
+    response, and ``to_stored`` keeps it: not an ``int`` by type, ``_bound``
+    leaves it to ``mogrify``, which writes its number."""
+    import http
+
+    identity = Identity("tenant", key, "op", "fp")
+    assert store.claim(identity, "t", 60, 30) is CLAIMED
+    with transaction.atomic():
+        Charge.objects.create(label=key, amount=1)  # the work: the transaction is open
+        response = StoredResponse(http.HTTPStatus.CREATED, (("X", "y"),), b"b")
+        assert store.complete(identity, "t", response, 60, commit=True)
+    assert IdempotencyRecord.objects.get(key=key).response_status == 201
+    assert len(through_libpq) == 1

@@ -453,7 +453,7 @@ def _complete_unseen(
 def _bound(raw: Any, sql: str, params: dict[str, Any]) -> bytes | None:
     """``sql`` with ``params`` written in as literals by libpq's own escaping
     for this session, as psycopg's ``mogrify`` writes them, without its
-    adapters' machinery (which cost a third of the completion's Python);
+    adapters' machinery (nearly half of what the completion's Python cost);
     None where a value is not one of the kinds the store sends (a ``str``
     subclass, a float that is not finite, text holding NUL): ``mogrify``
     then writes it, or refuses it."""

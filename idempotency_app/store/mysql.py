@@ -72,8 +72,10 @@ class Backend(base.Backend):
         return CLAIMED
 
     def fetch(self, identity: Identity, connection: Any = None) -> Existing | None:
-        # Inside a transaction its snapshot may predate the row: read the latest.
-        locking = not base.runs_alone(connection or connections[self.using])
+        # Inside an atomic block (the claim's INSERT failed there) read the
+        # latest row, locking it. Not merely with autocommit off: a duplicate
+        # polling there would hold the row against the completion it waits for.
+        locking = (connection or connections[self.using]).in_atomic_block
         _, row = self.execute(
             self.select_locking if locking else self.select,
             self.params(identity, soon=MAX_REPLAY_CACHE),

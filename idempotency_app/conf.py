@@ -153,6 +153,14 @@ class Settings:
             user = self.user_settings
         return user.get(name, DEFAULTS[name])
 
+    def values(self, names: tuple[str, ...]) -> tuple[Any, ...]:
+        """The settings ``names`` as given, unconverted: a key for what is
+        made of them once (``claims.Policy.from_settings``)."""
+        user = self._user_settings
+        if user is None:
+            user = self.user_settings
+        return tuple([user.get(name, DEFAULTS[name]) for name in names])
+
     @property
     def ENABLED(self) -> bool:
         return bool(self._get("ENABLED"))

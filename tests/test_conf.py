@@ -131,3 +131,41 @@ EVENTS: dict[str, threading.Event] = {
     "started": threading.Event(),
     "proceed": threading.Event(),
 }
+
+
+def test_the_policy_made_once_follows_every_change_of_the_settings(settings: Any) -> None:
+    """``Policy.from_settings`` keeps what it made: a change of the settings
+    (in place, or by Django's signal) and per-call durations must each give
+    the policy they make, and a refused combination must be refused again."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from idempotency_app.lifecycle.claims import Policy
+
+    settings.IDEMPOTENCY = {"TTL": 600, "LEASE": 30, "WAIT_FOR_IN_FLIGHT": 2}
+    first = Policy.from_settings()
+    assert (first.ttl, first.lease, first.wait, first.using) == (600, 30, 2, "default")
+    assert Policy.from_settings() is first
+    settings.IDEMPOTENCY["TTL"] = timedelta(minutes=20)  # changed in place
+    assert Policy.from_settings().ttl == 1200
+    settings.IDEMPOTENCY["TRANSIENT_ERROR_TTL"] = 7
+    assert Policy.from_settings().marker == 7
+    assert Policy.from_settings(ttl=5).ttl == 5
+    assert Policy.from_settings(lease=45).lease == 45
+    for _ in range(2):
+        with pytest.raises(ImproperlyConfigured, match="WAIT_FOR_IN_FLIGHT is 2s"):
+            Policy.from_settings(lease=1)
+    with override_settings(IDEMPOTENCY={"DATABASE_ALIAS": "other", "LEASE": 9}):
+        assert (Policy.from_settings().using, Policy.from_settings().lease) == ("other", 9)
+    settings.IDEMPOTENCY["LEASE"] = [30]  # not a duration, nor a key: made, and refused, each time
+    with pytest.raises(TypeError):
+        Policy.from_settings()
+    settings.IDEMPOTENCY["LEASE"] = 30
+    assert Policy.from_settings() == Policy(1200, 30, 2, "default", 7)
+
+
+def test_policies_made_for_many_per_call_durations_stay_bounded(settings: Any) -> None:
+    from idempotency_app.lifecycle import claims
+
+    for ttl in range(1, 3 * claims.MAX_POLICIES):
+        assert claims.Policy.from_settings(ttl=ttl).ttl == ttl
+    assert len(claims._POLICIES) <= claims.MAX_POLICIES

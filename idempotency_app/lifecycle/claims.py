@@ -78,6 +78,25 @@ class Policy:
     def from_settings(
         cls, ttl: float | None = None, lease: float | None = None, wait: float | None = None
     ) -> Policy:
+        """The settings' policy, each duration given here replacing the
+        setting's. Made once per set of values, settings included (read on
+        every call, so a change to them is seen at once): every keyed request
+        asks, and making one costs several times the lookup."""
+        key = (ttl, lease, wait, *conf.values(_POLICY_SETTINGS))
+        try:
+            policy = _POLICIES.get(key)
+        except TypeError:  # a value that cannot be a key: made each time
+            return cls._made(ttl, lease, wait)
+        if policy is not None:
+            return policy
+        policy = cls._made(ttl, lease, wait)
+        if len(_POLICIES) >= MAX_POLICIES:
+            _POLICIES.clear()  # views choosing durations per request: start over
+        _POLICIES[key] = policy
+        return policy
+
+    @classmethod
+    def _made(cls, ttl: float | None, lease: float | None, wait: float | None) -> Policy:
         policy = cls(
             ttl=conf.TTL if ttl is None else ttl,
             lease=conf.LEASE if lease is None else lease,
@@ -93,6 +112,13 @@ class Policy:
                     + " ".join(problems)
                 )
         return policy
+
+
+# What Policy.from_settings reads, and the policies it made, by those values
+# and its arguments.
+_POLICY_SETTINGS = ("TTL", "LEASE", "WAIT_FOR_IN_FLIGHT", "DATABASE_ALIAS", "TRANSIENT_ERROR_TTL")
+_POLICIES: dict[tuple[Any, ...], Policy] = {}
+MAX_POLICIES = 64
 
 
 @dataclass(frozen=True)

@@ -343,11 +343,11 @@ def _claim(
                 return Replay(found.response)
             if found.interrupted:
                 raise OutcomeUnknown(identity.key)
-            if time.monotonic() >= deadline or connections[policy.using].in_atomic_block:
+            if time.monotonic() >= deadline or connection.in_atomic_block:
                 signals.conflict.send(Claim, identity=identity)
                 raise KeyInProgress(identity.key)
             time.sleep(POLL_INTERVAL)
-            found = records.fetch(identity)
+            found = records.fetch(identity, connection)
         if found is store.CLAIMED or isinstance(found, Existing):
             return held(guarded=False)
     signals.conflict.send(Claim, identity=identity)

@@ -37,9 +37,12 @@ REQUEST_ACCEPT = "Idempotency-Request-Accept"
 _NEVER_REPLAYED = frozenset({REQUEST_ACCEPT_DIGEST, REQUEST_ACCEPT})
 
 
+@functools.lru_cache(maxsize=64)
 def digest(accept: str) -> str:
     """All a replay needs of the Accept it was produced for: whether a retry
-    sends the same one. Its digest is small, whatever the client sent."""
+    sends the same one. Its digest is small, whatever the client sent; made
+    once per value (clients send a few), as every fresh request and every
+    replay asks."""
     return hashlib.sha256(accept.encode("utf-8", "surrogatepass")).hexdigest()
 
 

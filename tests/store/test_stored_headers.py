@@ -1,0 +1,62 @@
+"""The stored headers' JSON, written by orjson where its text is ASCII and by
+the standard library otherwise: every header list must read back as it was
+stored, the column must stay ASCII, and a list of printable ASCII must be the
+very text the standard library writes (rows stored before and after read and
+display alike)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from idempotency_app.store.base import StoredResponse, parse_headers
+
+STANDARD = json.JSONEncoder(separators=(",", ":")).encode
+
+any_text = st.text(st.characters(codec=None, exclude_categories=()), max_size=20)
+printable = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=20)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(any_text, any_text), max_size=5))
+def test_any_headers_read_back_as_stored_from_ascii_text(pairs: list[tuple[str, str]]) -> None:
+    headers = tuple(pairs)
+    written = StoredResponse(201, headers, b"").headers_json()
+    assert written.isascii()
+    assert parse_headers(written) == headers
+    assert json.loads(written) == json.loads(STANDARD([list(pair) for pair in headers]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(printable, printable), max_size=5))
+def test_printable_ascii_headers_are_written_as_the_standard_library_writes_them(
+    pairs: list[tuple[str, str]],
+) -> None:
+    headers = tuple(pairs)
+    assert StoredResponse(201, headers, b"").headers_json() == STANDARD([list(p) for p in headers])
+
+
+def test_what_only_the_standard_library_reads_is_still_read() -> None:
+    """Rows written by the standard library: an escaped lone surrogate and an
+    integer past 64 bits, which orjson refuses."""
+    assert parse_headers('[["X-A","\\ud800"]]') == (("X-A", "\ud800"),)
+    assert parse_headers('[["X-B",18446744073709551616]]') == (("X-B", "18446744073709551616"),)
+    assert parse_headers('[["X-C",1.50],[7,null]]') == (("X-C", "1.5"), ("7", "None"))
+    assert parse_headers(None) == ()
+    assert parse_headers("") == ()
+    for broken in ('[["X-D","a","b"]]', "[5]", "{"):
+        with pytest.raises((ValueError, TypeError)) as new:
+            parse_headers(broken)
+        with pytest.raises((ValueError, TypeError)) as standard:
+            tuple((str(n), str(v)) for n, v in json.loads(broken))
+        assert type(new.value) is type(standard.value)
+
+
+def test_a_latin_1_value_and_a_lone_surrogate_are_escaped_as_before() -> None:
+    for value in ("caf\u00e9", "\ud800", "\x7f"):
+        headers = (("Content-Disposition", value),)
+        written = StoredResponse(200, headers, None).headers_json()
+        assert written.isascii()
+        assert parse_headers(written) == headers

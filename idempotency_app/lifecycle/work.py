@@ -432,7 +432,10 @@ def _guard(state: _WorkState, alias: str) -> Callable[..., Any]:
             if savepoints is not None:
                 savepoints.flush(context["connection"])
             return execute(sql, params, many, context)
-        if savepoints is None:
+        if savepoints is None or (params is not None and not savepoints.held):
+            # Nothing to send in front of it, and (having parameters) neither
+            # a release to hold nor a SAVEPOINT to send with the BEGIN: the
+            # ORM's statements, nearly always.
             run = functools.partial(execute, sql, params, many, context)
         elif (reorder := _may_reorder(guard, context["connection"])) and savepoints.hold(
             sql, params, many

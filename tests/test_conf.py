@@ -169,3 +169,46 @@ def test_policies_made_for_many_per_call_durations_stay_bounded(settings: Any) -
     for ttl in range(1, 3 * claims.MAX_POLICIES):
         assert claims.Policy.from_settings(ttl=ttl).ttl == ttl
     assert len(claims._POLICIES) <= claims.MAX_POLICIES
+
+
+def test_a_per_call_duration_gets_a_policy_of_its_own_type(settings: Any) -> None:
+    """``Decimal(5) == 5``: a policy kept for one must not be handed to the
+    other (a Decimal TTL fails where the claim adds it to a float, and must
+    not make every later call with ``ttl=5`` fail too)."""
+    from decimal import Decimal
+
+    from idempotency_app.lifecycle.claims import Policy
+
+    settings.IDEMPOTENCY = {}
+    assert type(Policy.from_settings(ttl=Decimal(5)).ttl) is Decimal
+    assert type(Policy.from_settings(ttl=5).ttl) is int
+    assert type(Policy.from_settings(ttl=True).ttl) is bool
+    assert type(Policy.from_settings(ttl=5.0).ttl) is float
+
+
+class _ChangedWhileRead(dict):  # type: ignore[type-arg]
+    """A settings dict that another thread changes (TTL to 200) just after
+    the last setting a policy depends on is read."""
+
+    armed = False
+
+    def get(self, name: str, default: Any = None) -> Any:
+        value = super().get(name, default)
+        if name == "TRANSIENT_ERROR_TTL" and self.armed:
+            self.armed = False
+            self["TTL"] = 200
+        return value
+
+
+def test_a_policy_is_made_from_the_settings_it_is_kept_under(settings: Any) -> None:
+    """Settings changed while a policy is made must not leave it kept under
+    the values read before the change."""
+    from idempotency_app.lifecycle.claims import Policy
+
+    settings.IDEMPOTENCY = _ChangedWhileRead({"TTL": 100})
+    racing = settings.IDEMPOTENCY
+    racing.armed = True
+    assert Policy.from_settings().ttl == 100  # made from what was read
+    assert Policy.from_settings().ttl == 200  # the change is seen at the next call
+    racing["TTL"] = 100
+    assert Policy.from_settings().ttl == 100

@@ -34,7 +34,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import Error, InterfaceError, OperationalError, connections, transaction
 
 from idempotency_app import signals, store
-from idempotency_app.conf import conf, policy_problems
+from idempotency_app.conf import conf, policy_problems, to_seconds
 from idempotency_app.exceptions import KeyInProgress, KeyReused, OutcomeUnknown, StoreUnavailable
 from idempotency_app.lifecycle import replays
 from idempotency_app.lifecycle.drivers import is_lock_conflict
@@ -81,28 +81,37 @@ class Policy:
         """The settings' policy, each duration given here replacing the
         setting's. Made once per set of values, settings included (read on
         every call, so a change to them is seen at once): every keyed request
-        asks, and making one costs several times the lookup."""
-        key = (ttl, lease, wait, *conf.values(_POLICY_SETTINGS))
+        asks, and making one costs several times the lookup. Each given
+        duration is kept as it was given, so it is keyed by its type too
+        (``Decimal(5) == 5``), and the policy is made from the settings'
+        values its key holds, not read again."""
+        values = conf.values(_POLICY_SETTINGS)
+        key = (ttl, lease, wait, type(ttl), type(lease), type(wait), *values)
         try:
             policy = _POLICIES.get(key)
         except TypeError:  # a value that cannot be a key: made each time
-            return cls._made(ttl, lease, wait)
+            return cls._made(ttl, lease, wait, values)
         if policy is not None:
             return policy
-        policy = cls._made(ttl, lease, wait)
+        policy = cls._made(ttl, lease, wait, values)
         if len(_POLICIES) >= MAX_POLICIES:
             _POLICIES.clear()  # views choosing durations per request: start over
         _POLICIES[key] = policy
         return policy
 
     @classmethod
-    def _made(cls, ttl: float | None, lease: float | None, wait: float | None) -> Policy:
+    def _made(
+        cls, ttl: float | None, lease: float | None, wait: float | None, values: tuple[Any, ...]
+    ) -> Policy:
+        """The policy from the settings' ``values`` (``_POLICY_SETTINGS``, as
+        given), read as ``conf`` reads them."""
+        ttl_setting, lease_setting, wait_setting, using, marker = values
         policy = cls(
-            ttl=conf.TTL if ttl is None else ttl,
-            lease=conf.LEASE if lease is None else lease,
-            wait=conf.WAIT_FOR_IN_FLIGHT if wait is None else wait,
-            using=conf.DATABASE_ALIAS,
-            marker=conf.TRANSIENT_ERROR_TTL,
+            ttl=to_seconds(ttl_setting) if ttl is None else ttl,
+            lease=to_seconds(lease_setting) if lease is None else lease,
+            wait=to_seconds(wait_setting) if wait is None else wait,
+            using=str(using),
+            marker=to_seconds(marker),
         )
         if ttl is not None or lease is not None or wait is not None:
             problems = policy_problems(policy.ttl, policy.lease, policy.wait)

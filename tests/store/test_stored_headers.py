@@ -1,8 +1,8 @@
 """The stored headers' JSON, written by orjson where its text is ASCII and by
 the standard library otherwise: every header list must read back as it was
-stored, the column must stay ASCII, and a list of printable ASCII must be the
-very text the standard library writes (rows stored before and after read and
-display alike)."""
+stored, and the column must be the very text the standard library writes,
+ASCII, whatever the values (rows stored before and after read and display
+alike, and a process still on older code reads them)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from idempotency_app.store.base import StoredResponse, parse_headers
 STANDARD = json.JSONEncoder(separators=(",", ":")).encode
 
 any_text = st.text(st.characters(codec=None, exclude_categories=()), max_size=20)
-printable = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=20)
+ascii_text = st.text(st.characters(max_codepoint=0x7F), max_size=20)
 
 
 @settings(max_examples=500, deadline=None)
@@ -26,12 +26,12 @@ def test_any_headers_read_back_as_stored_from_ascii_text(pairs: list[tuple[str, 
     written = StoredResponse(201, headers, b"").headers_json()
     assert written.isascii()
     assert parse_headers(written) == headers
-    assert json.loads(written) == json.loads(STANDARD([list(pair) for pair in headers]))
+    assert written == STANDARD([list(pair) for pair in headers])
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(printable, printable), max_size=5))
-def test_printable_ascii_headers_are_written_as_the_standard_library_writes_them(
+@given(st.lists(st.tuples(ascii_text, ascii_text), max_size=5))
+def test_ascii_headers_are_written_as_the_standard_library_writes_them(
     pairs: list[tuple[str, str]],
 ) -> None:
     headers = tuple(pairs)
@@ -54,9 +54,10 @@ def test_what_only_the_standard_library_reads_is_still_read() -> None:
         assert type(new.value) is type(standard.value)
 
 
-def test_a_latin_1_value_and_a_lone_surrogate_are_escaped_as_before() -> None:
-    for value in ("caf\u00e9", "\ud800", "\x7f"):
-        headers = (("Content-Disposition", value),)
-        written = StoredResponse(200, headers, None).headers_json()
-        assert written.isascii()
-        assert parse_headers(written) == headers
+@pytest.mark.parametrize("value", ["caf\u00e9", "\ud800", "a\x7fb", "\x01\x1f\t", '\\ " / %s', ""])
+def test_odd_values_are_written_as_the_standard_library_writes_them(value: str) -> None:
+    """DEL is ASCII but only the standard library escapes it (found by a review)."""
+    headers = (("Content-Disposition", value),)
+    written = StoredResponse(200, headers, None).headers_json()
+    assert written == STANDARD([list(pair) for pair in headers])
+    assert parse_headers(written) == headers

@@ -37,13 +37,23 @@ REQUEST_ACCEPT = "Idempotency-Request-Accept"
 _NEVER_REPLAYED = frozenset({REQUEST_ACCEPT_DIGEST, REQUEST_ACCEPT})
 
 
-@functools.lru_cache(maxsize=64)
 def digest(accept: str) -> str:
     """All a replay needs of the Accept it was produced for: whether a retry
-    sends the same one. Its digest is small, whatever the client sent; made
-    once per value (clients send a few), as every fresh request and every
-    replay asks."""
+    sends the same one. Its digest is small, whatever the client sent. Every
+    fresh request and every replay asks, and clients send a few values: the
+    digest of one of ordinary length is kept."""
+    if len(accept) <= MAX_KEPT_ACCEPT:
+        return _kept_digest(accept)
+    return _digest(accept)
+
+
+def _digest(accept: str) -> str:
     return hashlib.sha256(accept.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+# The longest Accept whose digest is kept; 64 are kept at most (64 KB).
+MAX_KEPT_ACCEPT = 1024
+_kept_digest = functools.lru_cache(maxsize=64)(_digest)
 
 
 def language(response: HttpResponseBase) -> tuple[tuple[str, str], ...]:

@@ -181,6 +181,46 @@ def test_only_a_digest_of_the_accept_is_stored(api: APIClient, key: str) -> None
     assert REQUEST_ACCEPT_DIGEST not in retry and REQUEST_ACCEPT not in retry
 
 
+@pytest.mark.parametrize(
+    ("first", "retry", "status"),
+    [
+        (JSON, JSON, 201),
+        (JSON, "text/html", 406),
+        (None, None, 201),
+        (None, "text/html", 406),
+        (JSON, None, 201),
+        (LONG_ACCEPT, LONG_ACCEPT, 201),
+        (LONG_ACCEPT, LONG_ACCEPT + " ", 201),  # another question, still taking JSON
+        (LONG_ACCEPT, "image/png", 406),
+    ],
+)
+def test_each_accept_answered_alike_while_its_digest_is_kept(
+    api: APIClient, key: str, first: str | None, retry: str | None, status: int
+) -> None:
+    """Twice over, so that the second round finds the digests kept (those
+    of an Accept of ordinary length)."""
+    sent = {} if first is None else {"HTTP_ACCEPT": first}
+    again = {} if retry is None else {"HTTP_ACCEPT": retry}
+    for round_key in (key, key + "-again"):
+        stored = post(api, "/charges/", {"label": "a"}, round_key, **sent)
+        answer = post(api, "/charges/", {"label": "a"}, round_key, **again)
+        assert (stored.status_code, answer.status_code) == (201, status)
+        if status == 201:
+            assert answer.content == stored.content
+    assert Charge.objects.count() == 2
+
+
+def test_only_the_digest_of_an_accept_of_ordinary_length_is_kept() -> None:
+    from idempotency_app.http import replay as replaying
+
+    for accept in (JSON, LONG_ACCEPT):
+        assert replaying.digest(accept) == hashlib.sha256(accept.encode()).hexdigest()
+    kept = replaying._kept_digest.cache_info().currsize
+    replaying.digest(LONG_ACCEPT + ", text/plain")
+    assert replaying._kept_digest.cache_info().currsize == kept
+    assert len(LONG_ACCEPT) > replaying.MAX_KEPT_ACCEPT
+
+
 def test_the_guard_caches_only_the_digest_too(api: APIClient, key: str) -> None:
     post(api, "/charges/", INVALID, key, HTTP_ACCEPT=LONG_ACCEPT)
     cached = guard.get(_identity())

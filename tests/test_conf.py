@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import itertools
 import sys
 import textwrap
 import threading
 from datetime import timedelta
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -212,3 +215,97 @@ def test_a_policy_is_made_from_the_settings_it_is_kept_under(settings: Any) -> N
     assert Policy.from_settings().ttl == 200  # the change is seen at the next call
     racing["TTL"] = 100
     assert Policy.from_settings().ttl == 100
+
+
+class _Seconds(float):
+    """A float whose conversion says otherwise (a unit-carrying number)."""
+
+    def __float__(self) -> float:
+        return 7.0
+
+
+class _Alias(str):
+    def __str__(self) -> str:
+        return "other"
+
+
+class _HashRefused:
+    def __hash__(self) -> int:
+        raise ValueError("not hashable here")
+
+    def __float__(self) -> float:
+        return 30.0
+
+
+def _outcome(read: Any) -> Any:
+    try:
+        return ("ok", read())
+    except Exception as exc:
+        return ("raised", type(exc))
+
+
+@pytest.mark.parametrize(
+    ("name", "first", "then", "attribute"),
+    [
+        (
+            "TTL",
+            Decimal("1e400"),
+            10**400,
+            "TTL",
+        ),  # equal and hashed alike; inf, then OverflowError
+        ("TRANSIENT_ERROR_TTL", Decimal("1e400"), Fraction(10**400), "TRANSIENT_ERROR_TTL"),
+        ("TTL", 5.0, _Seconds(5.0), "TTL"),
+        ("DATABASE_ALIAS", "default", _Alias("default"), "DATABASE_ALIAS"),
+        ("LEASE", 30.0, _HashRefused(), "LEASE"),
+    ],
+    ids=["decimal-then-int", "decimal-then-fraction", "float-subclass", "str-subclass", "no-hash"],
+)
+def test_the_policy_agrees_with_the_settings_after_an_equal_value_of_another_type(
+    settings: Any, name: str, first: Any, then: Any, attribute: str
+) -> None:
+    """Found by a review: settings keyed by equality alone handed one value's
+    policy to an equal value of another type that converts otherwise."""
+    from idempotency_app.lifecycle.claims import Policy
+
+    field = {"TTL": "ttl", "LEASE": "lease", "DATABASE_ALIAS": "using"}.get(name, "marker")
+    settings.IDEMPOTENCY = {name: first}
+    _outcome(Policy.from_settings)
+    settings.IDEMPOTENCY = {name: then}
+    expected = _outcome(lambda: getattr(conf, attribute))
+    assert _outcome(lambda: getattr(Policy.from_settings(), field)) == expected
+
+
+def test_threads_changing_the_settings_never_keep_a_policy_under_other_values(
+    settings: Any,
+) -> None:
+    from idempotency_app.lifecycle import claims
+
+    shared: dict[str, Any] = {"TTL": 100}
+    settings.IDEMPOTENCY = shared
+    claims._POLICIES.clear()  # only this test's policies are checked below
+    stop = threading.Event()
+    wrong: list[Any] = []
+
+    def change() -> None:
+        for i in itertools.count():
+            if stop.is_set():
+                return
+            shared["TTL"] = [100, 200.0, Decimal(300), timedelta(seconds=400)][i % 4]
+
+    def read() -> None:
+        for _ in range(3000):
+            if claims.Policy.from_settings().ttl not in (100, 200, 300, 400):
+                wrong.append(1)
+
+    changer = threading.Thread(target=change)
+    readers = [threading.Thread(target=read) for _ in range(6)]
+    for thread in (changer, *readers):
+        thread.start()
+    for thread in readers:
+        thread.join()
+    stop.set()
+    changer.join()
+    assert not wrong
+    for key, policy in list(claims._POLICIES.items()):
+        ttl = key[3]  # the TTL setting, after the three per-call durations
+        assert policy.ttl == (ttl.total_seconds() if isinstance(ttl, timedelta) else float(ttl))

@@ -81,19 +81,20 @@ class Policy:
         """The settings' policy, each duration given here replacing the
         setting's. Made once per set of values, settings included (read on
         every call, so a change to them is seen at once): every keyed request
-        asks, and making one costs several times the lookup. Each given
-        duration is kept as it was given, so it is keyed by its type too
-        (``Decimal(5) == 5``), and the policy is made from the settings'
-        values its key holds, not read again."""
-        values = conf.values(_POLICY_SETTINGS)
-        key = (ttl, lease, wait, type(ttl), type(lease), type(wait), *values)
+        asks, and making one costs several times the lookup. Every value is
+        keyed by its type too (``Decimal(5) == 5``, and a subclass may convert
+        otherwise), so only equal values of one type share a policy (0.0 and
+        -0.0, ``Decimal("5")`` and ``Decimal("5.00")``). The policy is made
+        from the settings' values its key holds, not read again."""
+        given = (ttl, lease, wait, *conf.values(_POLICY_SETTINGS))
+        key = (*given, *map(type, given))
         try:
             policy = _POLICIES.get(key)
-        except TypeError:  # a value that cannot be a key: made each time
-            return cls._made(ttl, lease, wait, values)
+        except Exception:  # a value that cannot be a key (unhashable): made each time
+            return cls._made(ttl, lease, wait, given[3:])
         if policy is not None:
             return policy
-        policy = cls._made(ttl, lease, wait, values)
+        policy = cls._made(ttl, lease, wait, given[3:])
         if len(_POLICIES) >= MAX_POLICIES:
             _POLICIES.clear()  # views choosing durations per request: start over
         _POLICIES[key] = policy

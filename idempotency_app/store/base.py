@@ -72,13 +72,25 @@ class StoredResponse:
         only the standard library escapes): a response's headers nearly
         always are (Django allows Latin-1 and DEL in their values). The
         rest the standard library writes."""
-        try:
-            written = orjson.dumps(self.headers)
-        except TypeError:  # a lone surrogate, which orjson refuses
-            written = b"\xff"
-        if written.isascii() and b"\x7f" not in written:
-            return written.decode()
-        return _write_headers([list(pair) for pair in self.headers])
+        pairs = [list(pair) for pair in self.headers]  # as the standard library is given them
+        if _text_pairs(pairs):
+            try:
+                written = orjson.dumps(pairs)
+            except TypeError:  # a lone surrogate, which orjson refuses
+                written = b"\xff"
+            if written.isascii() and b"\x7f" not in written:
+                return written.decode()
+        return _write_headers(pairs)
+
+
+def _text_pairs(pairs: Any) -> bool:
+    """Whether ``pairs`` is a list of [name, value] lists of ``str`` itself:
+    what orjson writes and reads as the standard library does (it writes a
+    UUID or a datetime, which the standard library refuses)."""
+    return type(pairs) is list and all(
+        type(pair) is list and len(pair) == 2 and type(pair[0]) is str is type(pair[1])
+        for pair in pairs
+    )
 
 
 # json.dumps() builds an encoder per call when given options: this one is built once.
@@ -93,10 +105,10 @@ def parse_headers(text: str | None) -> tuple[tuple[str, str], ...]:
     surrogate)."""
     try:
         pairs = orjson.loads(text or "[]")
-        if all(type(name) is str is type(value) for name, value in pairs):
-            return tuple(map(tuple, pairs))
-    except (ValueError, TypeError):  # orjson's JSONDecodeError is a ValueError
-        pass
+    except (ValueError, TypeError):  # orjson's JSONDecodeError, or not text
+        pairs = None
+    if _text_pairs(pairs):
+        return tuple(map(tuple, pairs))
     return tuple((str(name), str(value)) for name, value in json.loads(text or "[]"))
 
 

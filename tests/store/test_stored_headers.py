@@ -6,7 +6,10 @@ alike, and a process still on older code reads them)."""
 
 from __future__ import annotations
 
+import datetime
 import json
+import uuid
+from typing import Any
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -61,3 +64,30 @@ def test_odd_values_are_written_as_the_standard_library_writes_them(value: str) 
     written = StoredResponse(200, headers, None).headers_json()
     assert written == STANDARD([list(pair) for pair in headers])
     assert parse_headers(written) == headers
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        (("X-Id", uuid.UUID(int=1)),),
+        (("Date", datetime.datetime(2026, 1, 1)),),
+        (("X-N", 1e16),),
+        ("ab",),
+        ({"X": "y"},),
+        (("X-A", "b", "c"),),
+    ],
+    ids=["uuid", "datetime", "float", "pair-is-str", "pair-is-dict", "three"],
+)
+def test_what_is_not_pairs_of_text_is_written_or_refused_as_before(headers: Any) -> None:
+    """Found by a review: orjson writes a UUID or a datetime the standard
+    library refuses, and a pair that is a string or a dict otherwise."""
+
+    def outcome(write: Any) -> Any:
+        try:
+            return ("ok", write())
+        except Exception as exc:
+            return ("raised", type(exc))
+
+    assert outcome(StoredResponse(200, headers, None).headers_json) == outcome(
+        lambda: STANDARD([list(pair) for pair in headers])
+    )

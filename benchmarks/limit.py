@@ -110,13 +110,19 @@ def statements_alone(per_batch: int) -> dict[str, Callable[[], None]]:
             exec_(ledger)
             exec_(b"COMMIT")
 
-    def fresh(sql: str) -> Callable[[], None]:
+    def fresh(sql: str, riding: bool = False) -> Callable[[], None]:
+        """``riding``: the BEGIN and the view's SAVEPOINT sent with its first
+        INSERT, one round trip fewer (a lever measured, not taken)."""
+
         def batch() -> None:
             texts = [fresh_texts(sql) for _ in range(per_batch)]
             for claim, finish in texts:
                 exec_(claim_call, claim)
-                exec_(b'BEGIN; SAVEPOINT "s1"')
-                exec_(charge)
+                if riding:
+                    exec_(b'BEGIN; SAVEPOINT "s1"; ' + charge)
+                else:
+                    exec_(b'BEGIN; SAVEPOINT "s1"')
+                    exec_(charge)
                 exec_(ledger)
                 exec_(finish)
 
@@ -131,6 +137,7 @@ def statements_alone(per_batch: int) -> dict[str, Callable[[], None]]:
         "fresh": fresh(records.completion_statement(True)),
         # As before migration 0008: the completion as a statement.
         "fresh, completion statement": fresh(records.complete_commit_sql),
+        "fresh, riding": fresh(records.completion_statement(True), riding=True),
         "replay": replay,
     }
 
@@ -213,6 +220,11 @@ def main() -> None:
         row("fresh: a new key", a("fresh"), d("fresh")),
         row(
             "  its completion as a statement (before 0008)", a("fresh, completion statement"), None
+        ),
+        row(
+            "  the BEGIN and SAVEPOINT with the first INSERT (not taken)",
+            a("fresh, riding"),
+            None,
         ),
         row("replay: a completed key", a("replay"), d("replay")),
         row("fresh - plain (added)", a("fresh") - a("plain"), d("fresh") - d("plain")),

@@ -97,8 +97,8 @@ def timed(
     signal: Signal,
 ) -> Callable[[Callable[Concatenate[Any, P], R]], Callable[Concatenate[Any, P], R]]:
     """Send ``signal`` with the identity (the first argument), ``seconds``
-    and ``decision`` (the result, None when it raised) after each call.
-    Heard by nobody, the cost is two attribute reads."""
+    and ``decision`` (the result, or the exception it raised) after each
+    call. Heard by nobody, the cost is two attribute reads."""
 
     def decorate(func: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]:
         observers = getattr(signal, "observers", ())  # a LibrarySignal's, or none
@@ -107,17 +107,19 @@ def timed(
         def wrapper(identity: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
             if not signal.receivers and not observers:
                 return func(identity, *args, **kwargs)
-            decision: Any = None
             started = time.perf_counter()
             try:
                 decision = func(identity, *args, **kwargs)
-                return decision  # type: ignore[no-any-return]
             except BaseException as exc:
-                decision = exc
-                raise
-            finally:
+                # Named only in the handler, which forgets it: a local of this
+                # frame, which the exception's traceback holds, would be a
+                # reference cycle left for the garbage collector.
                 seconds = time.perf_counter() - started
-                signal.send(func, identity=identity, seconds=seconds, decision=decision)
+                signal.send(func, identity=identity, seconds=seconds, decision=exc)
+                raise
+            seconds = time.perf_counter() - started
+            signal.send(func, identity=identity, seconds=seconds, decision=decision)
+            return decision
 
         return wrapper
 

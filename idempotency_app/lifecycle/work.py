@@ -38,6 +38,7 @@ import contextlib
 import contextvars
 import functools
 import re
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -437,7 +438,7 @@ def _guard(state: _WorkState, alias: str) -> Callable[..., Any]:
             # a release to hold nor a SAVEPOINT to send with the BEGIN: the
             # ORM's statements, nearly always.
             run = functools.partial(execute, sql, params, many, context)
-        elif (reorder := _may_reorder(guard, context["connection"])) and savepoints.hold(
+        elif (reorder := _may_reorder(itself(), context["connection"])) and savepoints.hold(
             sql, params, many
         ):
             return context["cursor"].cursor  # what the driver's execute() returns
@@ -451,6 +452,10 @@ def _guard(state: _WorkState, alias: str) -> Callable[..., Any]:
         finally:
             state.judging = None
 
+    # Named through a weak reference: a guard that held itself would be a
+    # reference cycle, and the work's whole state would wait in it for the
+    # garbage collector after every request.
+    itself = weakref.ref(guard)
     return guard
 
 
@@ -513,7 +518,7 @@ def _savepoints_without_cursors(state: _WorkState, guard: Callable[..., Any]) ->
     return restore
 
 
-def _may_reorder(guard: Callable[..., Any], connection: Any) -> bool:
+def _may_reorder(guard: Callable[..., Any] | None, connection: Any) -> bool:
     """Whether the guard may hold a RELEASE back, or send a SAVEPOINT with
     the BEGIN, without anyone seeing a difference: no execute wrapper runs
     inside it (the work's own would miss the statement), and Django is not

@@ -1,0 +1,193 @@
+"""A keyed request leaves nothing of the library to the garbage collector.
+
+CPython frees an object as soon as its last reference goes, unless the
+object is part of a reference cycle: then it waits for the cycle collector,
+with everything it refers to. The statement guard once named itself in its
+own closure, so every unit of work left a cycle holding the work's whole
+state (the identity, the savepoints, the transaction probe) behind it: more
+passes of the collector per request, and more for its full passes to read.
+Each test runs a path twice (the first warms every cache), then names the
+library's objects on a cycle among what only the collector could free.
+"""
+
+from __future__ import annotations
+
+import gc
+import types
+from collections.abc import Callable, Iterator
+from importlib.util import find_spec
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from idempotency_app.models import IdempotencyRecord
+from tests.conftest import new_key, once_in, post
+from tests.testapp.models import Charge, Tag
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+once = once_in("tests:reference-cycles", "tests.reference_cycles")
+
+
+def _of_the_library(thing: Any) -> bool:
+    module = (
+        thing.__module__
+        if isinstance(thing, types.FunctionType | types.MethodType)
+        else type(thing).__module__
+    )
+    return isinstance(module, str) and module.startswith("idempotency_app")
+
+
+def _describe(thing: Any) -> str:
+    return getattr(thing, "__qualname__", None) or type(thing).__qualname__
+
+
+def _on_a_cycle(thing: Any, garbage: dict[int, Any]) -> bool:
+    """Whether ``thing`` leads back to itself through ``garbage`` (by id):
+    a cycle of its own, not one of someone else's that merely holds it (an
+    exception caught in a view holds the frames it passed through)."""
+    seen: set[int] = set()
+    todo = [found for found in gc.get_referents(thing) if id(found) in garbage]
+    while todo:
+        found = todo.pop()
+        if found is thing:
+            return True
+        if id(found) not in seen:
+            seen.add(id(found))
+            todo.extend(more for more in gc.get_referents(found) if id(more) in garbage)
+    return False
+
+
+@pytest.fixture
+def left_to_the_collector() -> Iterator[Callable[[Callable[[], Any]], list[str]]]:
+    """Run a call and name the library's objects on a reference cycle
+    among what only the cycle collector could free afterwards."""
+    enabled = gc.isenabled()
+
+    def left(call: Callable[[], Any]) -> list[str]:
+        call()
+        gc.collect()
+        gc.disable()  # no pass in the middle of the call
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what a pass finds is kept in gc.garbage
+        try:
+            call()
+            gc.collect()
+            garbage = {id(thing): thing for thing in gc.garbage}
+            return sorted(
+                _describe(thing)
+                for thing in gc.garbage
+                if _of_the_library(thing) and _on_a_cycle(thing, garbage)
+            )
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+
+    yield left
+    if enabled:
+        gc.enable()
+
+
+def test_a_fresh_request_and_its_replay(
+    api: APIClient, left_to_the_collector: Callable[..., list[str]]
+) -> None:
+    keys = iter([new_key() for _ in range(2)])
+
+    def fresh() -> None:
+        assert post(api, "/charges/", {"amount": 5}, next(keys)).status_code == 201
+
+    assert left_to_the_collector(fresh) == []
+    replayed = new_key()
+
+    def replay() -> None:
+        response = post(api, "/charges/", {"amount": 5}, replayed)
+        assert response.status_code == 201
+
+    assert left_to_the_collector(replay) == []
+    assert Charge.objects.count() == 3
+
+
+@pytest.mark.parametrize("tag", ["new", "taken"])
+def test_a_view_writing_in_its_own_block(
+    api: APIClient, left_to_the_collector: Callable[..., list[str]], tag: str
+) -> None:
+    """The view's block becomes a savepoint of the unit, released or (its
+    INSERT refused and caught) rolled back to: the savepoint handling the
+    guard puts on the connection is taken down again."""
+    Tag.objects.create(name="taken")
+
+    def fresh() -> None:
+        name = tag if tag == "taken" else new_key()
+        response = post(api, "/patterns/tag-if-new-atomic/", {"tag": name}, new_key())
+        assert response.status_code == 201
+
+    assert left_to_the_collector(fresh) == []
+
+
+def test_a_mixin_view(api: APIClient, left_to_the_collector: Callable[..., list[str]]) -> None:
+    def fresh() -> None:
+        response = post(api, "/mixin-charges/", {"amount": 5}, new_key())
+        assert response.status_code == 201
+
+    assert left_to_the_collector(fresh) == []
+
+
+def test_a_task_run_once(left_to_the_collector: Callable[..., list[str]]) -> None:
+    def task() -> None:
+        ran, _ = once(new_key(), lambda: Charge.objects.create(label="task").pk)
+        assert ran
+
+    assert left_to_the_collector(task) == []
+
+
+@pytest.mark.skipif(find_spec("adrf") is None, reason="needs adrf: pip install -e '.[test]'")
+def test_an_async_view(api: APIClient, left_to_the_collector: Callable[..., list[str]]) -> None:
+    def fresh() -> None:
+        response = post(api, "/async/charges/", {"amount": 5}, new_key())
+        assert response.status_code == 201
+
+    assert left_to_the_collector(fresh) == []
+
+
+def test_refusals_and_errors(
+    api: APIClient, quiet_api: APIClient, left_to_the_collector: Callable[..., list[str]]
+) -> None:
+    """A key in progress elsewhere (409), one sent again with another body
+    (422), a validation error (400, released, its answer kept for a retry
+    storm) and a crash inside the work (500, rolled back and released)."""
+    used, held = new_key(), new_key()
+    for key in (used, held):
+        assert post(api, "/charges/", {"amount": 5}, key).status_code == 201
+    IdempotencyRecord.objects.filter(key=held).update(
+        status="in_progress", response_body=None, token="another-worker"
+    )
+
+    def in_progress() -> None:
+        assert post(api, "/charges/", {"amount": 5}, held).status_code == 409
+
+    def mismatch() -> None:
+        assert post(api, "/charges/", {"amount": 6}, used).status_code == 422
+
+    def invalid() -> None:
+        response = post(api, "/charges/", {"raise": "validation"}, new_key())
+        assert response.status_code == 400
+
+    def crash() -> None:
+        response = post(quiet_api, "/charges/", {"raise": "crash"}, new_key())
+        assert response.status_code == 500
+
+    for call in (in_progress, mismatch, invalid, crash):
+        assert left_to_the_collector(call) == [], call.__name__
+
+
+def test_a_task_inside_a_callers_transaction(
+    left_to_the_collector: Callable[..., list[str]],
+) -> None:
+    from django.db import transaction
+
+    def nested() -> None:
+        with transaction.atomic():
+            ran, _ = once(new_key(), lambda: Charge.objects.create(label="nested").pk)
+            assert ran
+
+    assert left_to_the_collector(nested) == []

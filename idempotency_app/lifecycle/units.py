@@ -256,7 +256,10 @@ class Unit(Generic[T]):
         """What the work came to, once its transaction has ended; raises
         ``WorkRolledBack`` or ``ClaimLost`` when it came to nothing."""
         if self.failure is not None:
-            raise self.failure
+            try:
+                raise self.failure
+            finally:
+                self.failure = None  # its traceback holds this frame, and so this unit
         assert self.result is not None  # unit_of_work saw to it
         return self.result
 

@@ -343,6 +343,9 @@ def confined(identity: Identity, using: str) -> Iterator[_WorkState]:
                 if not _unguard(connection.execute_wrappers, guard):
                     taken_off.append(alias)
             _work.reset(reset)
+            # Raised already if they count: kept, their tracebacks (which hold
+            # frames holding this state) would make a reference cycle.
+            state.refusals, state.ended = [], None
     if taken_off:  # the work succeeded, but nothing judged what it did after
         raise _refuse(
             f"The work under the idempotency key {identity.key!r} took the statement guard "

@@ -19,15 +19,19 @@ from importlib.util import find_spec
 from typing import Any
 
 import pytest
+from django.db import connection, transaction
 from rest_framework.test import APIClient
 
+from idempotency_app import service, signals
+from idempotency_app.exceptions import CannotBeAtomic, ClaimLost, OutcomeUnknown, WorkRolledBack
 from idempotency_app.models import IdempotencyRecord
 from tests.conftest import new_key, once_in, post
 from tests.testapp.models import Charge, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-once = once_in("tests:reference-cycles", "tests.reference_cycles")
+SCOPE, OP = "tests:reference-cycles", "tests.reference_cycles"
+once = once_in(SCOPE, OP)
 
 
 def _of_the_library(thing: Any) -> bool:
@@ -176,18 +180,75 @@ def test_refusals_and_errors(
         response = post(quiet_api, "/charges/", {"raise": "crash"}, new_key())
         assert response.status_code == 500
 
-    for call in (in_progress, mismatch, invalid, crash):
-        assert left_to_the_collector(call) == [], call.__name__
+    def heard(**kwargs: Any) -> None:
+        """Listening: the claim is timed (its refusal sent) only then."""
+
+    signals.claim_timed.connect(heard, weak=False)
+    try:
+        for call in (in_progress, mismatch, invalid, crash):
+            assert left_to_the_collector(call) == [], call.__name__
+    finally:
+        signals.claim_timed.disconnect(heard)
 
 
 def test_a_task_inside_a_callers_transaction(
     left_to_the_collector: Callable[..., list[str]],
 ) -> None:
-    from django.db import transaction
-
     def nested() -> None:
         with transaction.atomic():
             ran, _ = once(new_key(), lambda: Charge.objects.create(label="nested").pk)
             assert ran
 
     assert left_to_the_collector(nested) == []
+
+
+# -- Work that comes to nothing: its exception is not kept where its traceback leads back
+
+
+def test_a_view_that_marks_its_transaction_for_rollback(
+    quiet_api: APIClient, left_to_the_collector: Callable[..., list[str]]
+) -> None:
+    """500 request_rolled_back: the unit kept the WorkRolledBack it raised."""
+
+    def rolled_back() -> None:
+        response = post(quiet_api, "/patterns/rolls-back-on-purpose/", {"amount": 5}, new_key())
+        assert response.status_code == 500
+
+    assert left_to_the_collector(rolled_back) == []
+
+
+def test_tasks_that_come_to_nothing(left_to_the_collector: Callable[..., list[str]]) -> None:
+    """A task whose transaction is marked for rollback (WorkRolledBack), one
+    whose claim is taken over under it (ClaimLost, or WorkRolledBack where
+    the completion rides with the COMMIT), one refused for sending COMMIT
+    (CannotBeAtomic, which the work's state kept) and one whose transaction
+    the driver ended (TransactionEnded, kept too; the caller gets
+    OutcomeUnknown)."""
+
+    def marked() -> None:
+        with pytest.raises(WorkRolledBack), service.once(SCOPE, new_key(), OP) as run:
+            Charge.objects.create(label="marked")
+            transaction.set_rollback(True)
+            run.result = 1
+
+    def taken_over() -> None:
+        key = new_key()
+        with pytest.raises((ClaimLost, WorkRolledBack)), service.once(SCOPE, key, OP) as run:
+            Charge.objects.create(label="taken over")
+            IdempotencyRecord.objects.filter(key=key).update(token="another-worker")
+            run.result = 1
+
+    def refused() -> None:
+        with pytest.raises(CannotBeAtomic), service.once(SCOPE, new_key(), OP):
+            Charge.objects.create(label="refused")
+            with connection.cursor() as cursor:
+                cursor.execute("COMMIT")
+
+    def ended() -> None:
+        with pytest.raises(OutcomeUnknown), service.once(SCOPE, new_key(), OP):
+            Charge.objects.create(label="ended")
+            connection.connection.commit()  # the driver's own: no wrapper sees it
+            Charge.objects.create(label="after")
+
+    for call in (marked, taken_over, refused, ended):
+        assert left_to_the_collector(call) == [], call.__name__
